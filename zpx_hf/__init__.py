@@ -1,0 +1,39 @@
+"""zpx-hf: geometric attention families for Hugging Face transformers.
+
+Importing the package registers every family with the Auto classes and marks the model
+classes for remote-code export, so `save_pretrained` writes a self-contained checkpoint
+that loads with `trust_remote_code=True` where `zpx_hf` is not installed.
+"""
+
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+)
+
+from .configuration_zpx import ZPXConfig
+from .modeling_zpx import ZPXForCausalLM, ZPXForSequenceClassification, ZPXModel
+
+__version__ = "0.1.0"
+
+FAMILIES = {
+    "zpx": (ZPXConfig, ZPXModel, ZPXForCausalLM, ZPXForSequenceClassification),
+}
+
+
+def _register(config_class, model_class, causal_lm_class, classification_class) -> None:
+    AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+    AutoModel.register(config_class, model_class, exist_ok=True)
+    AutoModelForCausalLM.register(config_class, causal_lm_class, exist_ok=True)
+    AutoModelForSequenceClassification.register(config_class, classification_class, exist_ok=True)
+    config_class.register_for_auto_class("AutoConfig")
+    model_class.register_for_auto_class("AutoModel")
+    causal_lm_class.register_for_auto_class("AutoModelForCausalLM")
+    classification_class.register_for_auto_class("AutoModelForSequenceClassification")
+
+
+for _classes in FAMILIES.values():
+    _register(*_classes)
+
+__all__ = ["ZPXConfig", "ZPXModel", "ZPXForCausalLM", "ZPXForSequenceClassification", "FAMILIES"]

@@ -1,0 +1,166 @@
+"""Configuration pieces shared by the ZPX, PCT and Versor families.
+
+`GeometricConfig` holds the fields every family has (vocabulary, depth, width, rotary
+positions) and validates them; each family's `configuration_*.py` subclasses it, adds
+its own fields and validates them in `_validate_family`. Every error names the field
+and says how to fix it, so a bad config fails before any weight is allocated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PretrainedConfig
+
+ROTARY_TYPES = ("srpe", "rope", "none")
+
+
+def _fail(field: str, value: Any, fix: str) -> None:
+    raise ValueError(f"config field `{field}`={value!r} is invalid: {fix}")
+
+
+def check_int(field: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        _fail(field, value, f"expected an integer >= {minimum}.")
+
+
+def check_float(field: str, value: Any, minimum: float | None = None, strictly_positive: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        _fail(field, value, "expected a finite number.")
+    if strictly_positive and value <= 0:
+        _fail(field, value, "expected a number > 0.")
+    if minimum is not None and value < minimum:
+        _fail(field, value, f"expected a number >= {minimum}.")
+
+
+def check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        _fail(field, value, f"expected one of {list(choices)}.")
+
+
+def check_bool(field: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        _fail(field, value, "expected true or false.")
+
+
+class GeometricConfig(PretrainedConfig):
+    """Fields shared by all three families (Llama names where the meaning is the same).
+
+    Args:
+        vocab_size: token vocabulary size.
+        hidden_size: width of the residual stream (real features).
+        intermediate_size: width of the SwiGLU feed-forward layer.
+        num_hidden_layers: number of decoder blocks.
+        num_attention_heads: attention heads per block.
+        head_dim: per-head width; defaults to `hidden_size // num_attention_heads`. Must be even when
+            a rotary encoding is used (rotation acts on pairs).
+        max_position_embeddings: context length the model is trained for. Longer inputs raise unless
+            `allow_longer_positions=True` (SRPE/RoPE tables are extended on demand then).
+        rotary: `"srpe"` (spiral rotary, SPEC §1), `"rope"` (plain RoPE) or `"none"`.
+        rope_theta: base `theta0` of the rotary frequencies `omega_j = theta0 ** (-2j / d_h)`.
+        srpe_k: spiral divisor `k_s`; the winding angle is `p * omega_j * (1 + 1/k_s)`. `None` means
+            `1/k_s = 0` (no second winding).
+        srpe_a: radial amplitude `a_s` of `r_j(p) = 1 + a_s * sin(p * f_s * omega_j)`.
+        srpe_f: radial frequency `f_s`.
+        causal: causal (decoder) attention; `False` gives a bidirectional encoder (not valid for
+            `*ForCausalLM`).
+        rms_norm_eps: epsilon of the RMS norms.
+        initializer_range: std of the normal weight initialisation.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 260,
+        hidden_size: int = 128,
+        intermediate_size: int = 344,
+        num_hidden_layers: int = 2,
+        num_attention_heads: int = 4,
+        head_dim: int | None = None,
+        max_position_embeddings: int = 512,
+        allow_longer_positions: bool = True,
+        rotary: str = "srpe",
+        rope_theta: float = 10000.0,
+        srpe_k: float | None = 8.0,
+        srpe_a: float = 0.1,
+        srpe_f: float = 0.01,
+        causal: bool = True,
+        rms_norm_eps: float = 1e-6,
+        initializer_range: float = 0.02,
+        attention_dropout: float = 0.0,
+        use_cache: bool = True,
+        tie_word_embeddings: bool = False,
+        pad_token_id: int | None = 0,
+        bos_token_id: int | None = 1,
+        eos_token_id: int | None = 2,
+        **kwargs: Any,
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.head_dim = head_dim if head_dim is not None else self._default_head_dim(hidden_size, num_attention_heads)
+        self.max_position_embeddings = max_position_embeddings
+        self.allow_longer_positions = allow_longer_positions
+        self.rotary = rotary
+        self.rope_theta = rope_theta
+        self.srpe_k = srpe_k
+        self.srpe_a = srpe_a
+        self.srpe_f = srpe_f
+        self.causal = causal
+        self.rms_norm_eps = rms_norm_eps
+        self.initializer_range = initializer_range
+        self.attention_dropout = attention_dropout
+        self.use_cache = use_cache
+        # DynamicCache(config=...) reads `layer_types`; only values HF knows are allowed there.
+        kwargs.pop("layer_types", None)
+        self.layer_types = ["full_attention"] * (num_hidden_layers if isinstance(num_hidden_layers, int) else 0)
+        super().__init__(
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
+        )
+        self.validate()
+
+    @staticmethod
+    def _default_head_dim(hidden_size: Any, num_heads: Any) -> Any:
+        if isinstance(hidden_size, int) and isinstance(num_heads, int) and num_heads > 0:
+            return hidden_size // num_heads
+        return None
+
+    def validate(self) -> None:
+        """Raise `ValueError` naming the first invalid field."""
+        for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+            check_int(field, getattr(self, field))
+        check_int("head_dim", self.head_dim)
+        check_int("max_position_embeddings", self.max_position_embeddings)
+        check_bool("allow_longer_positions", self.allow_longer_positions)
+        check_choice("rotary", self.rotary, ROTARY_TYPES)
+        if self.rotary != "none" and self.head_dim % 2 != 0:
+            _fail(
+                "head_dim",
+                self.head_dim,
+                f"rotary={self.rotary!r} rotates pairs of features, so head_dim must be even; "
+                "change hidden_size/num_attention_heads (or head_dim), or set rotary='none'.",
+            )
+        check_float("rope_theta", self.rope_theta, strictly_positive=True)
+        if self.srpe_k is not None:
+            check_float("srpe_k", self.srpe_k)
+            if self.srpe_k == 0:
+                _fail("srpe_k", self.srpe_k, "the winding uses 1/k_s; use null (None) for no second winding.")
+        check_float("srpe_a", self.srpe_a, minimum=0.0)
+        if self.srpe_a >= 1:
+            _fail("srpe_a", self.srpe_a, "radius 1 + a_s*sin(.) must stay positive: use 0 <= srpe_a < 1.")
+        check_float("srpe_f", self.srpe_f)
+        check_bool("causal", self.causal)
+        check_float("rms_norm_eps", self.rms_norm_eps, strictly_positive=True)
+        check_float("initializer_range", self.initializer_range, minimum=0.0)
+        check_float("attention_dropout", self.attention_dropout, minimum=0.0)
+        if self.attention_dropout >= 1:
+            _fail("attention_dropout", self.attention_dropout, "expected a probability in [0, 1).")
+        self._validate_family()
+
+    def _validate_family(self) -> None:
+        """Family-specific checks; overridden by each family's config."""

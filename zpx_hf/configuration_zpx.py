@@ -1,0 +1,62 @@
+"""ZPX configuration (model_type `zpx`): angle-sphere attention with spiral rotary positions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .configuration_common import GeometricConfig, check_bool, check_float, check_int
+
+
+class ZPXConfig(GeometricConfig):
+    """Configuration of a ZPX model (SPEC §2). Shared fields: see `GeometricConfig`.
+
+    Args:
+        phase_channels: phase channels `C` per head of the phase encoder.
+        lambda_angle: weight of `mean_c cos(phi_i - phi_j)` in the attention score.
+        lambda_sphere: weight of `mean_c <s_i, s_j>` (Riemann-sphere kernel).
+        max_log_radius: `R` in `log_r = R tanh(W_r h / R)`.
+        center_loss_weight: weight of the centre-cancellation loss added to the LM loss.
+        attention_bias: biases on q/k/v/o projections.
+        phase_bias: biases on the phase encoder's `to_log_r`, `to_theta`, `to_b`.
+        mlp_bias: biases in the SwiGLU feed-forward layer.
+
+    With `lambda_angle = lambda_sphere = 0` and `rotary="rope"` the model is a Llama-style
+    transformer (the ablation baseline).
+    """
+
+    model_type = "zpx"
+
+    def __init__(
+        self,
+        phase_channels: int = 8,
+        lambda_angle: float = 1.0,
+        lambda_sphere: float = 1.0,
+        max_log_radius: float = 4.0,
+        center_loss_weight: float = 0.0,
+        attention_bias: bool = False,
+        phase_bias: bool = True,
+        mlp_bias: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self.phase_channels = phase_channels
+        self.lambda_angle = lambda_angle
+        self.lambda_sphere = lambda_sphere
+        self.max_log_radius = max_log_radius
+        self.center_loss_weight = center_loss_weight
+        self.attention_bias = attention_bias
+        self.phase_bias = phase_bias
+        self.mlp_bias = mlp_bias
+        super().__init__(**kwargs)
+
+    def _validate_family(self) -> None:
+        check_int("phase_channels", self.phase_channels, minimum=1)
+        check_float("lambda_angle", self.lambda_angle)
+        check_float("lambda_sphere", self.lambda_sphere)
+        check_float("max_log_radius", self.max_log_radius, strictly_positive=True)
+        check_float("center_loss_weight", self.center_loss_weight, minimum=0.0)
+        check_bool("attention_bias", self.attention_bias)
+        check_bool("phase_bias", self.phase_bias)
+        check_bool("mlp_bias", self.mlp_bias)
+
+
+__all__ = ["ZPXConfig"]

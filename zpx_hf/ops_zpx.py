@@ -1,0 +1,192 @@
+"""ZPX angle-sphere attention (SPEC §2): phase coordinates and the two attention paths.
+
+Phase encoder output per head and channel c (pre-activations come from `to_log_r`,
+`to_theta`, `to_b`):
+
+    log_r = R tanh(W_r h / R),  theta = pi tanh(W_theta h),  b = sigmoid(W_b h)
+    phi   = theta + pi b,       x + iy = e^{log_r} e^{i phi}
+    s     = (2x, 2y, x^2 + y^2 - 1) / (1 + x^2 + y^2)          (point on S^2)
+
+Score:  S_ij = q_i.k_j / sqrt(d) + la mean_c cos(phi_ic - phi_jc) + ls mean_c <s_ic, s_jc>
+
+Two interchangeable paths, selected by HF's `attn_implementation`:
+
+* `zpx_attention_eager` - the formula as written: materialises the [.., Lq, Lk, C] angle and
+  [.., Lq, Lk, C, 3] sphere tensors. Readable reference; O(L^2 C) memory.
+* `zpx_attention_sdpa` - the exact fast form. cos(a - b) = cos a cos b + sin a sin b, so with
+  q^ = [q/sqrt(d), (la/C) cos phi, (la/C) sin phi, (ls/C) s] and k^ = [k, cos phi, sin phi, s],
+  S = q^ . k^. That is ordinary scaled-dot-product attention (scale 1) on head dim d + 5C, run
+  by `torch.nn.functional.scaled_dot_product_attention` with O(L) memory. Keys are cached as k^.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+PHASE_FEATURES = 5  # cos phi, sin phi, X, Y, Z
+
+
+class PhaseState(NamedTuple):
+    """Per-token phase of one layer; every field is [B, H, L, C] except `sphere` [B, H, L, C, 3]."""
+
+    log_r: torch.Tensor
+    phi: torch.Tensor
+    b: torch.Tensor
+    x: torch.Tensor
+    y: torch.Tensor
+    sphere: torch.Tensor
+
+
+def phase_coordinates(
+    log_r_pre: torch.Tensor, theta_pre: torch.Tensor, b_pre: torch.Tensor, max_log_radius: float
+) -> PhaseState:
+    """Vector phase from the encoder's three linear outputs (any leading shape, last dim C)."""
+    log_r = max_log_radius * torch.tanh(log_r_pre / max_log_radius)
+    theta = math.pi * torch.tanh(theta_pre)
+    b = torch.sigmoid(b_pre)
+    phi = theta + math.pi * b
+    r = torch.exp(log_r)
+    x = r * torch.cos(phi)
+    y = r * torch.sin(phi)
+    # Stereographic projection written in log_r so it never overflows:
+    # 2r / (1 + r^2) = sech(log_r),  (r^2 - 1) / (r^2 + 1) = tanh(log_r).
+    sech = 1.0 / torch.cosh(log_r)
+    sphere = torch.stack((sech * torch.cos(phi), sech * torch.sin(phi), torch.tanh(log_r)), dim=-1)
+    return PhaseState(log_r=log_r, phi=phi, b=b, x=x, y=y, sphere=sphere)
+
+
+def phase_tensor(state: PhaseState) -> torch.Tensor:
+    """Phi[..., c, :] = [log_r, cos phi, sin phi, X, Y, Z, b]  (7 values per channel)."""
+    return torch.cat(
+        (
+            state.log_r[..., None],
+            torch.cos(state.phi)[..., None],
+            torch.sin(state.phi)[..., None],
+            state.sphere,
+            state.b[..., None],
+        ),
+        dim=-1,
+    )
+
+
+def phase_key_features(state: PhaseState) -> torch.Tensor:
+    """[cos phi (C), sin phi (C), X (C), Y (C), Z (C)] -> [B, H, L, 5C], the part appended to keys."""
+    sphere = state.sphere
+    return torch.cat(
+        (torch.cos(state.phi), torch.sin(state.phi), sphere[..., 0], sphere[..., 1], sphere[..., 2]), dim=-1
+    )
+
+
+def augment_query(
+    query: torch.Tensor, query_features: torch.Tensor, scaling: float, lambda_angle: float, lambda_sphere: float
+) -> torch.Tensor:
+    """q^ = [q * scaling, (la/C) cos phi, (la/C) sin phi, (ls/C) s]."""
+    channels = query_features.shape[-1] // PHASE_FEATURES
+    angle, sphere = query_features.split((2 * channels, 3 * channels), dim=-1)
+    return torch.cat((query * scaling, angle * (lambda_angle / channels), sphere * (lambda_sphere / channels)), dim=-1)
+
+
+def center_cancellation_loss(state: PhaseState, token_mask: torch.Tensor | None) -> torch.Tensor:
+    """L_center = mean_{batch, head, c} |sum_i r_i e^{i phi_i}|^2 over real (non-padding) tokens."""
+    x, y = state.x.float(), state.y.float()
+    if token_mask is not None:
+        weight = token_mask.to(x.dtype)[:, None, :, None]  # [B, 1, L, 1]
+        x, y = x * weight, y * weight
+    x_sum, y_sum = x.sum(dim=2), y.sum(dim=2)
+    return (x_sum * x_sum + y_sum * y_sum).mean()
+
+
+def _to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    if mask is None:
+        return None
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+def _causal_bool(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+    return torch.arange(kv_len, device=device)[None, :] <= q_pos
+
+
+def zpx_attention_eager(
+    query: torch.Tensor,
+    key_aug: torch.Tensor,
+    value: torch.Tensor,
+    query_features: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    is_causal: bool,
+    scaling: float,
+    lambda_angle: float,
+    lambda_sphere: float,
+    dropout: float = 0.0,
+    training: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference path: the score formula term by term, materialising [.., Lq, Lk, C(, 3)].
+
+    query [B, H, Lq, d], key_aug [B, H, Lk, d + 5C] (cached k^), value [B, H, Lk, dv],
+    query_features [B, H, Lq, 5C], attention_mask bool [B, 1, Lq, Lk] or None.
+    Returns (output [B, Lq, H, dv], attention weights [B, H, Lq, Lk]).
+    """
+    head_dim = query.shape[-1]
+    key, key_features = key_aug[..., :head_dim], key_aug[..., head_dim:]
+    channels = key_features.shape[-1] // PHASE_FEATURES
+
+    def unpack(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin, sx, sy, sz = features.split(channels, dim=-1)
+        return torch.atan2(sin, cos), torch.stack((sx, sy, sz), dim=-1)
+
+    phi_q, sphere_q = unpack(query_features)
+    phi_k, sphere_k = unpack(key_features)
+
+    content = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    angle = torch.cos(phi_q[:, :, :, None, :] - phi_k[:, :, None, :, :]).mean(dim=-1)
+    sphere = (sphere_q[:, :, :, None, :, :] * sphere_k[:, :, None, :, :, :]).sum(dim=-1).mean(dim=-1)
+    scores = content + lambda_angle * angle + lambda_sphere * sphere
+
+    if is_causal:
+        causal = _causal_bool(query.shape[2], key.shape[2], query.device)
+        attention_mask = causal[None, None] if attention_mask is None else attention_mask & causal
+    if attention_mask is not None:
+        scores = scores + _to_additive(attention_mask, scores.dtype)
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=training)
+    output = torch.matmul(weights, value)
+    return output.transpose(1, 2).contiguous(), weights
+
+
+def zpx_attention_sdpa(
+    query: torch.Tensor,
+    key_aug: torch.Tensor,
+    value: torch.Tensor,
+    query_features: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    is_causal: bool,
+    scaling: float,
+    lambda_angle: float,
+    lambda_sphere: float,
+    dropout: float = 0.0,
+    training: bool = False,
+) -> tuple[torch.Tensor, None]:
+    """Fast path: one SDPA call on the augmented head dim (same signature as the eager path)."""
+    query_aug = augment_query(query, query_features, scaling, lambda_angle, lambda_sphere)
+    value_dim = value.shape[-1]
+    if value_dim != query_aug.shape[-1]:
+        # Fused SDPA kernels (flash on CPU and GPU) need one head dim for q, k and v: pad v with zeros
+        # and drop the padding from the output.
+        value = F.pad(value, (0, query_aug.shape[-1] - value_dim))
+    output = F.scaled_dot_product_attention(
+        query_aug,
+        key_aug,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout if training else 0.0,
+        is_causal=is_causal,
+        scale=1.0,
+    )
+    return output[..., :value_dim].transpose(1, 2).contiguous(), None
+
+
+ZPX_ATTENTION_FUNCTIONS = {"eager": zpx_attention_eager, "sdpa": zpx_attention_sdpa}
