@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 try:  # transformers >= 5: init helpers that respect weights already loaded by `from_pretrained`
@@ -202,11 +203,14 @@ def sequence_classification_loss(logits: torch.Tensor, labels: torch.Tensor, con
     )
 
 
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    """Next-token cross-entropy: logits[:, t] predicts labels[:, t+1] (HF convention), float32."""
-    shift_logits = logits[:, :-1, :].float().reshape(-1, logits.shape[-1])
-    shift_labels = labels[:, 1:].reshape(-1).to(logits.device)
-    return F.cross_entropy(shift_logits, shift_labels, ignore_index=ignore_index)
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """Next-token cross-entropy (logits[:, t] predicts labels[:, t+1]), float32, HF's own loss.
+
+    `kwargs` may carry `num_items_in_batch` (passed by `Trainer` so that gradient accumulation
+    averages over tokens, not micro-batches) and `ignore_index`.
+    """
+    kwargs = {k: v for k, v in kwargs.items() if k in ("num_items_in_batch", "ignore_index")}
+    return ForCausalLMLoss(logits, labels, vocab_size=logits.shape[-1], **kwargs)
 
 
 class GeometricPreTrainedModel(PreTrainedModel):

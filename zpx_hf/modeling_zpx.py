@@ -348,7 +348,7 @@ class ZPXForCausalLM(ZPXPreTrainedModel, GenerationMixin):
 
         loss = None
         if labels is not None:
-            loss = causal_lm_loss(logits, labels)
+            loss = causal_lm_loss(logits, labels, **kwargs)
             if self.config.center_loss_weight > 0:
                 loss = loss + self.config.center_loss_weight * outputs.center_loss
 
