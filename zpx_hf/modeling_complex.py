@@ -1,0 +1,131 @@
+"""Complex-valued building blocks stored as real tensors.
+
+A complex tensor `z = x + iy` with `n` features is stored as one real tensor of width `2n`
+laid out `[re | im]` = `[x_1..x_n, y_1..y_n]` on the last dimension. Torch complex dtypes are
+avoided on purpose: they break bf16, autocast, SDPA and `torch.compile`.
+
+* `ComplexLinear`      W z + c with W = A + iB as two real `nn.Linear` sub-modules `real` (A)
+                       and `imag` (B), so PEFT/LoRA can target them by name.
+* `ComplexEmbedding`   token -> complex vector (one `nn.Embedding` row `[re | im]`).
+* `ComplexRMSNorm`     z * w / sqrt(mean_m |z_m|^2 + eps), real gain w: rescales, keeps phases.
+* `ModReLU`            relu(|z| + b) z / |z|: a phase-preserving nonlinearity.
+* `complex_rotate`     z * r e^{i Theta} per complex feature (complex-native RoPE/SRPE).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def complex_parts(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., 2n] laid out [re | im] -> (re, im), each [..., n]."""
+    half = z.shape[-1] // 2
+    return z[..., :half], z[..., half:]
+
+
+def complex_abs2(z: torch.Tensor) -> torch.Tensor:
+    """|z_m|^2 = re_m^2 + im_m^2, [..., n]."""
+    re, im = complex_parts(z)
+    return re * re + im * im
+
+
+def complex_rotate(z: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """z_m * (cos_m + i sin_m): with SRPE tables cos = r cos Theta, sin = r sin Theta this is z r e^{i Theta}.
+
+    `z` is [B, H, L, 2d] ([re | im] per head); `cos`, `sin` are [B, L, d] (broadcast over heads).
+    """
+    cos = cos.unsqueeze(1).to(z.dtype)
+    sin = sin.unsqueeze(1).to(z.dtype)
+    re, im = complex_parts(z)
+    return torch.cat((re * cos - im * sin, re * sin + im * cos), dim=-1)
+
+
+class ComplexLinear(nn.Module):
+    """Complex affine map W z + c with W = A + iB.
+
+    (A + iB)(x + iy) = (Ax - By) + i(Bx + Ay). `real` holds A, `imag` holds B; each is applied once to
+    the stacked (x, y), so a LoRA adapter on either sub-module sees every input. With `bias=True` the
+    complex bias is c = (a - b) + i(a + b) for the sub-modules' real biases a, b (a bijective
+    parameterisation of C^n).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.real = nn.Linear(in_features, out_features, bias=bias)
+        self.imag = nn.Linear(in_features, out_features, bias=bias)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        parts = torch.stack(complex_parts(z))  # [2, ..., in]: (x, y)
+        a_parts = self.real(parts)  # (Ax, Ay)
+        b_parts = self.imag(parts)  # (Bx, By)
+        return torch.cat((a_parts[0] - b_parts[1], b_parts[0] + a_parts[1]), dim=-1)
+
+    def extra_repr(self) -> str:
+        return f"complex in={self.in_features}, out={self.out_features}"
+
+
+class ComplexEmbedding(nn.Embedding):
+    """Token -> complex vector of `complex_dim` features; each row is stored as `[re | im]` (width 2n).
+
+    A plain `nn.Embedding` underneath, so resizing, tying and weight loading work unchanged. Tied to a
+    real LM head on `[re | im]`, the logit of token v is Re sum_m conj(e_vm) z_m.
+    """
+
+    def __init__(self, num_embeddings: int, complex_dim: int, padding_idx: int | None = None) -> None:
+        super().__init__(num_embeddings, 2 * complex_dim, padding_idx=padding_idx)
+        self.complex_dim = complex_dim
+
+
+class ComplexRMSNorm(nn.Module):
+    """z_m -> w_m z_m / sqrt(mean_m |z_m|^2 + eps), computed in float32; w real, so phases are kept."""
+
+    def __init__(self, complex_dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(complex_dim))
+        self.variance_epsilon = eps
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        input_dtype = z.dtype
+        z = z.to(torch.float32)
+        variance = complex_abs2(z).mean(-1, keepdim=True)
+        z = z * torch.rsqrt(variance + self.variance_epsilon)
+        gain = torch.cat((self.weight, self.weight)).to(torch.float32)
+        return (gain * z).to(input_dtype)
+
+    def extra_repr(self) -> str:
+        return f"complex_dim={self.weight.shape[0]}, eps={self.variance_epsilon}"
+
+
+class ModReLU(nn.Module):
+    """modReLU (Arjovsky et al., 2016): z -> relu(|z| + b) z / |z| per complex feature, b learnable.
+
+    Changes magnitudes only; the phase of every surviving feature is unchanged. `|z|` carries `eps`
+    inside the square root so the map and its gradient stay finite at z = 0.
+    """
+
+    def __init__(self, complex_dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(complex_dim))
+        self.eps = eps
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        magnitude = torch.sqrt(complex_abs2(z.float()) + self.eps)
+        scale = torch.relu(magnitude + self.bias.float()) / magnitude
+        return z * torch.cat((scale, scale), dim=-1).to(z.dtype)
+
+    def extra_repr(self) -> str:
+        return f"complex_dim={self.bias.shape[0]}"
+
+
+__all__ = [
+    "ComplexEmbedding",
+    "ComplexLinear",
+    "ComplexRMSNorm",
+    "ModReLU",
+    "complex_abs2",
+    "complex_parts",
+    "complex_rotate",
+]
