@@ -1,0 +1,271 @@
+"""Embedded training data: a natural-language corpus and synthetic recall tasks, no downloads.
+
+Text: the reference-manual topics that every CPython install carries in `pydoc_data.topics`
+(Python Software Foundation documentation, PSF licence), split by topic deterministically into
+train / held-out, or any local file or cached `datasets` dataset.
+
+Synthetic tasks (token ids of the byte tokenizer, printable so examples decode legibly), each
+deterministic given a seed:
+
+- `mqar`: multi-query associative recall. `<s> aXbQcZ|bQaX`: key/value pairs, then queries; the
+  answers are the values after each queried key.
+- `passkey`: a 5-digit pass key hidden at a random depth in filler text of a configurable
+  total length; the answer is the key repeated at the end.
+- `selective_copy`: data tokens scattered among noise `.` tokens; after `|` the answer is the data
+  tokens in order.
+
+Every example is a dict of equal-length lists: `input_ids`, `attention_mask`, `labels` (the token
+at answer positions, -100 elsewhere; HF causal convention, the model shifts) and `answer_mask`
+(1 at answer positions), so accuracy is exact: position t is correct when
+`argmax logits[t-1] == input_ids[t]`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import string
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .tokenization_bytes import BOS_ID, EOS_ID, PAD_ID, text_to_ids
+
+IGNORE_INDEX = -100
+KEY_CHARS = string.ascii_lowercase
+VALUE_CHARS = string.ascii_uppercase
+DIGITS = string.digits
+NOISE_CHAR = "."
+SEPARATOR = "|"
+PASSKEY_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+TEXT_FILE_BUILDERS = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json"}
+TEXT_FILE_BUILDERS.update({".csv": "csv", ".parquet": "parquet"})
+
+
+def _example(segments: Sequence[tuple[str, bool]], seq_len: int | None, task: str) -> dict[str, Any]:
+    """Concatenate `(text, is_answer)` segments after BOS; pad on the right to `seq_len`."""
+    input_ids, answer_mask = [BOS_ID], [0]
+    for text, is_answer in segments:
+        ids = text_to_ids(text)
+        input_ids += ids
+        answer_mask += [int(is_answer)] * len(ids)
+    length = len(input_ids)
+    if seq_len is not None:
+        if length > seq_len:
+            raise ValueError(
+                f"task `{task}` needs {length} tokens but seq_len={seq_len}: raise seq_len or shrink the task."
+            )
+        pad = seq_len - length
+        input_ids += [PAD_ID] * pad
+        answer_mask += [0] * pad
+    attention_mask = [1] * length + [0] * (len(input_ids) - length)
+    labels = [tok if is_answer else IGNORE_INDEX for tok, is_answer in zip(input_ids, answer_mask)]
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "answer_mask": answer_mask}
+
+
+def mqar_examples(
+    num_examples: int, seed: int, num_pairs: int = 8, num_queries: int | None = None, seq_len: int | None = None
+) -> list[dict[str, Any]]:
+    """Multi-query associative recall: distinct keys (a-z), values (A-Z), queries drawn without replacement."""
+    num_queries = num_pairs if num_queries is None else num_queries
+    if not 1 <= num_pairs <= len(KEY_CHARS):
+        raise ValueError(f"mqar num_pairs={num_pairs} must be in [1, {len(KEY_CHARS)}] (one letter per key).")
+    if not 1 <= num_queries <= num_pairs:
+        raise ValueError(f"mqar num_queries={num_queries} must be in [1, num_pairs={num_pairs}].")
+    rng = random.Random(f"mqar-{seed}")
+    out = []
+    for _ in range(num_examples):
+        keys = rng.sample(KEY_CHARS, num_pairs)
+        values = [rng.choice(VALUE_CHARS) for _ in keys]
+        table = dict(zip(keys, values))
+        segments: list[tuple[str, bool]] = [("".join(k + v for k, v in zip(keys, values)) + SEPARATOR, False)]
+        for query in rng.sample(keys, num_queries):
+            segments += [(query, False), (table[query], True)]
+        out.append(_example(segments, seq_len, "mqar"))
+    return out
+
+
+def passkey_examples(
+    num_examples: int, seed: int, seq_len: int = 128, num_digits: int = 5, pad_to: int | None = None
+) -> list[dict[str, Any]]:
+    """Pass-key retrieval: total length `seq_len` tokens (BOS included), key at a uniform random depth."""
+    rng = random.Random(f"passkey-{seed}")
+    question = " What is the pass key? The pass key is "
+    out = []
+    for _ in range(num_examples):
+        key = "".join(rng.choice(DIGITS) for _ in range(num_digits))
+        needle = f" The pass key is {key}. Remember it. {key} is the pass key. "
+        filler_len = seq_len - 1 - len(needle) - len(question) - num_digits
+        if filler_len < 0:
+            minimum = seq_len - filler_len
+            raise ValueError(f"passkey seq_len={seq_len} is too short: it needs at least {minimum} tokens.")
+        filler = (PASSKEY_FILLER * (filler_len // len(PASSKEY_FILLER) + 1))[:filler_len]
+        depth = rng.randint(0, filler_len)
+        context = filler[:depth] + needle + filler[depth:] + question
+        out.append(_example([(context, False), (key, True)], pad_to if pad_to is not None else seq_len, "passkey"))
+    return out
+
+
+def selective_copy_examples(
+    num_examples: int, seed: int, num_tokens: int = 8, num_positions: int = 32, seq_len: int | None = None
+) -> list[dict[str, Any]]:
+    """Selective copying: `num_tokens` letters at random positions among `num_positions` noise slots."""
+    if not 1 <= num_tokens <= num_positions:
+        raise ValueError(f"selective_copy num_tokens={num_tokens} must be in [1, num_positions={num_positions}].")
+    rng = random.Random(f"selective_copy-{seed}")
+    out = []
+    for _ in range(num_examples):
+        data = [rng.choice(KEY_CHARS) for _ in range(num_tokens)]
+        slots = [NOISE_CHAR] * num_positions
+        for position, token in zip(sorted(rng.sample(range(num_positions), num_tokens)), data):
+            slots[position] = token
+        segments = [("".join(slots) + SEPARATOR, False), ("".join(data), True)]
+        out.append(_example(segments, seq_len, "selective_copy"))
+    return out
+
+
+TASKS: dict[str, Callable[..., list[dict[str, Any]]]] = {
+    "mqar": mqar_examples,
+    "passkey": passkey_examples,
+    "selective_copy": selective_copy_examples,
+}
+
+
+def task_examples(task: str, num_examples: int, seed: int, seq_len: int, **params: Any) -> list[dict[str, Any]]:
+    """Examples of one task padded to `seq_len`; passkey fills exactly `params.get('length', seq_len)` tokens."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}: expected one of {sorted(TASKS)}.")
+    if task == "passkey":
+        length = params.pop("length", seq_len)
+        return passkey_examples(num_examples, seed, seq_len=length, pad_to=seq_len, **params)
+    return TASKS[task](num_examples, seed, seq_len=seq_len, **params)
+
+
+def task_dataset(task: str, num_examples: int, seed: int, seq_len: int, **params: Any) -> Any:
+    """`datasets.Dataset` of one task (columns: input_ids, attention_mask, labels, answer_mask, task)."""
+    from datasets import Dataset
+
+    rows = task_examples(task, num_examples, seed, seq_len, **params)
+    columns = {key: [row[key] for row in rows] for key in ("input_ids", "attention_mask", "labels", "answer_mask")}
+    columns["task"] = [task] * len(rows)
+    return Dataset.from_dict(columns)
+
+
+# ---- text corpus -----------------------------------------------------------------------------
+
+
+def pydoc_documents() -> list[str]:
+    """The reference-manual topics shipped with CPython (`pydoc_data.topics`), sorted by topic name."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError as error:  # some distributions split pydoc_data out of the stdlib package
+        raise RuntimeError(
+            "the embedded corpus needs the stdlib module `pydoc_data` (missing from this Python); "
+            "point `data.text_source` at a local text file instead."
+        ) from error
+    return [topics[name] for name in sorted(topics)]
+
+
+def split_documents(documents: Sequence[str], heldout_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """Deterministic document-level split; a single document is split by characters instead."""
+    if not 0 < heldout_fraction < 1:
+        raise ValueError(f"heldout_fraction={heldout_fraction} must be in (0, 1).")
+    documents = [doc for doc in documents if doc]
+    if len(documents) < 2:
+        text = documents[0] if documents else ""
+        cut = int(len(text) * (1 - heldout_fraction))
+        return [text[:cut]], [text[cut:]]
+    order = list(range(len(documents)))
+    random.Random(f"split-{seed}").shuffle(order)
+    num_heldout = max(1, round(len(documents) * heldout_fraction))
+    heldout = set(order[:num_heldout])
+    train = [doc for i, doc in enumerate(documents) if i not in heldout]
+    return train, [doc for i, doc in enumerate(documents) if i in heldout]
+
+
+def is_local_source(source: str) -> bool:
+    """Whether a text source names a local file or folder (rather than a Hub dataset id)."""
+    return (
+        os.path.exists(source)
+        or os.path.splitext(source)[1].lower() in TEXT_FILE_BUILDERS
+        or source.startswith((".", "/", "~"))
+    )
+
+
+def load_documents(
+    source: str = "pydoc",
+    text_column: str = "text",
+    dataset_config_name: str | None = None,
+    split: str = "train",
+    max_documents: int | None = None,
+) -> list[str]:
+    """Documents from `"pydoc"` (embedded), a local file (txt/md: one document per paragraph;
+    json/jsonl/csv/parquet: `text_column`) or a dataset id that `datasets` can load (offline: cached)."""
+    if source == "pydoc":
+        documents = pydoc_documents()
+    else:
+        from datasets import load_dataset
+
+        if is_local_source(source):
+            path = os.path.expanduser(source)
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"config key `data.text_source`: no such file {source!r}.")
+            builder = TEXT_FILE_BUILDERS.get(os.path.splitext(path)[1].lower())
+            if builder is None:
+                raise ValueError(
+                    f"config key `data.text_source`: cannot read {source!r}; "
+                    f"expected one of {sorted(TEXT_FILE_BUILDERS)} or 'pydoc'."
+                )
+            extra = {"sample_by": "paragraph"} if builder == "text" else {}
+            dataset = load_dataset(builder, data_files=path, split="train", **extra)
+        else:
+            dataset = load_dataset(source, dataset_config_name, split=split)
+        if text_column not in dataset.column_names:
+            raise ValueError(
+                f"config key `data.text_column`: column {text_column!r} not in {source!r} "
+                f"(columns: {dataset.column_names})."
+            )
+        documents = [text for text in dataset[text_column] if isinstance(text, str) and text.strip()]
+    return documents[:max_documents] if max_documents else documents
+
+
+def pack_documents(documents: Sequence[str], seq_len: int, max_blocks: int | None = None) -> list[list[int]]:
+    """`<s> doc </s> <s> doc </s> ...` cut into full blocks of `seq_len` tokens (the tail is dropped)."""
+    blocks: list[list[int]] = []
+    stream: list[int] = []
+    for doc in documents:
+        stream += [BOS_ID, *text_to_ids(doc), EOS_ID]
+        while len(stream) >= seq_len:
+            blocks.append(stream[:seq_len])
+            stream = stream[seq_len:]
+            if max_blocks is not None and len(blocks) >= max_blocks:
+                return blocks
+    return blocks
+
+
+def text_dataset(documents: Sequence[str], seq_len: int, max_blocks: int | None = None) -> Any:
+    """`datasets.Dataset` of packed LM blocks (labels = input_ids)."""
+    from datasets import Dataset
+
+    blocks = pack_documents(documents, seq_len, max_blocks)
+    if not blocks:
+        raise ValueError(f"the text corpus is shorter than one block of seq_len={seq_len} tokens.")
+    return Dataset.from_dict(
+        {"input_ids": blocks, "attention_mask": [[1] * seq_len for _ in blocks], "labels": [list(b) for b in blocks]}
+    )
+
+
+__all__ = [
+    "IGNORE_INDEX",
+    "TASKS",
+    "is_local_source",
+    "load_documents",
+    "mqar_examples",
+    "pack_documents",
+    "passkey_examples",
+    "pydoc_documents",
+    "selective_copy_examples",
+    "split_documents",
+    "task_dataset",
+    "task_examples",
+    "text_dataset",
+]
