@@ -1,0 +1,335 @@
+"""Clifford algebras Cl(p,q,r) on batched torch tensors, and the Cl(4,1) = M4(C) matrix path.
+
+Blades are indexed by bitmasks: bit i set <=> generator e_{i+1} is a factor. The first `p`
+generators square to +1, the next `q` to -1, the last `r` to 0. For Versor, Cl(4,1): bit0..bit3 =
+e1..e4 (+1), bit4 = e5 (-1); blade index = mask in 0..31. A multivector is a tensor whose last
+dimension holds the 2**n blade coefficients in mask order.
+
+    e_A e_B = sign(A, B) e_{A xor B},
+    sign(A, B) = (-1)^(#swaps to sort the generators of A then B) * prod_{i in A and B} e_i^2
+
+Matrix path (SPEC §4): Cl(4,1) is isomorphic, as a real algebra, to the 4x4 complex matrices with
+
+    e1 = sx(x)I,  e2 = sy(x)I,  e3 = sz(x)sx,  e4 = sz(x)sy,  e5 = i sz(x)sz,
+
+E_A = ordered product of the generators of A, encode M = sum_A a_A E_A, decode
+a_A = Re Tr(M E_A^dagger) / 4. A geometric product is then one complex 4x4 matmul. Complex numbers are
+carried as separate real and imaginary parts (`[..., 2, 4, 4]`, index 0 = real) so every dtype,
+autocast and Triton work.
+
+Rotor exponential: `rotor_exp(B)` = exp(-B/2) computed as the matrix exponential in the M4(C)
+representation (through its real 8x8 form [[X, -Y], [Y, X]]). A general Cl(4,1) bivector is the sum
+of two commuting 2-blades, one of which may be a boost; the matrix exponential covers every case
+without branching on the sign of B^2. It is exact in the algebra because the representation is an
+algebra isomorphism, so exp(M(B)) = M(exp(B)). R~R = 1 holds because reversion is an
+anti-automorphism with ~B = -B, so ~exp(-B/2) = exp(~(-B/2)) = exp(B/2), and the two exponentials
+of commuting arguments multiply to exp(0) = 1.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+# --------------------------------------------------------------------------------------------------
+# Tables from bitmasks
+# --------------------------------------------------------------------------------------------------
+
+
+def blade_grade(mask: int) -> int:
+    return bin(mask).count("1")
+
+
+def _reorder_sign(a: int, b: int) -> int:
+    """(-1)^(number of transpositions to bring e_A e_B into ascending generator order)."""
+    swaps = 0
+    a >>= 1
+    while a:
+        swaps += blade_grade(a & b)
+        a >>= 1
+    return -1 if swaps & 1 else 1
+
+
+def generator_squares(p: int, q: int, r: int = 0) -> tuple[int, ...]:
+    return (1,) * p + (-1,) * q + (0,) * r
+
+
+def blade_product_sign(a: int, b: int, squares: tuple[int, ...]) -> int:
+    """sign(A, B) in e_A e_B = sign * e_{A xor B} (0 when a shared generator squares to 0)."""
+    sign = _reorder_sign(a, b)
+    common = a & b
+    index = 0
+    while common:
+        if common & 1:
+            sign *= squares[index]
+        common >>= 1
+        index += 1
+    return sign
+
+
+class CliffordAlgebra:
+    """Cayley tables of Cl(p, q, r) and the products on tensors `[..., 2**n]`.
+
+    Tables (CPU tensors, moved to the operand's device/dtype on use):
+        `grades[A]`, `reverse_signs[A] = (-1)^(g(g-1)/2)`, `product_index[A, B] = A xor B`,
+        `product_sign[A, B]` = sign(A, B) and the outer/left-contraction/inner masks of the same shape.
+    """
+
+    def __init__(self, p: int, q: int = 0, r: int = 0) -> None:
+        self.signature = (p, q, r)
+        self.n = p + q + r
+        self.dim = 1 << self.n
+        self.squares = generator_squares(p, q, r)
+        masks = range(self.dim)
+        self.grades = torch.tensor([blade_grade(a) for a in masks], dtype=torch.long)
+        self.reverse_signs = torch.tensor([(-1) ** (g * (g - 1) // 2) for g in self.grades.tolist()])
+        self.product_index = torch.tensor([[a ^ b for b in masks] for a in masks], dtype=torch.long)
+        self.product_sign = torch.tensor([[blade_product_sign(a, b, self.squares) for b in masks] for a in masks])
+        g = self.grades
+        ga, gb, gc = g[:, None], g[None, :], g[self.product_index]
+        self.outer_mask = gc == ga + gb  # A and B disjoint
+        self.left_contraction_mask = gc == gb - ga  # A subset of B
+        # Hestenes inner product: grade |gA - gB|, both operands of grade > 0
+        self.inner_mask = (gc == (ga - gb).abs()) & (ga > 0) & (gb > 0)
+        # "Mixing" table for C = A B in the gather form used below: C[c] = sum_a sign(a, a^c) A[a] B[a^c]
+        self._gather_index = self.product_index  # [a, c] -> a xor c (symmetric in meaning)
+        self._gather_sign = torch.stack([self.product_sign[a, self.product_index[a]] for a in masks])
+        self._gather_masks = {
+            "geometric": torch.ones(self.dim, self.dim, dtype=torch.bool),
+            "outer": torch.stack([self.outer_mask[a, self.product_index[a]] for a in masks]),
+            "left_contraction": torch.stack([self.left_contraction_mask[a, self.product_index[a]] for a in masks]),
+            "inner": torch.stack([self.inner_mask[a, self.product_index[a]] for a in masks]),
+        }
+        self._cache: dict[tuple, torch.Tensor] = {}
+
+    def blades_of_grade(self, grade: int) -> torch.Tensor:
+        return torch.nonzero(self.grades == grade).flatten()
+
+    def _signed_table(self, kind: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        key = (kind, device, dtype)
+        if key not in self._cache:
+            table = self._gather_sign * self._gather_masks[kind]
+            self._cache[key] = table.to(device=device, dtype=dtype)
+        return self._cache[key]
+
+    def _product(self, a: torch.Tensor, b: torch.Tensor, kind: str) -> torch.Tensor:
+        # (a b)[c] = sum_x sign(x, x^c) a[x] b[x^c]: gather b into [..., x, c], one contraction over x.
+        a, b = torch.broadcast_tensors(a, b)
+        table = self._signed_table(kind, a.device, a.dtype)
+        index = self._gather_index.to(a.device)
+        b_gathered = b[..., index]  # [..., x, c] = b[x ^ c]
+        return torch.einsum("...x,...xc,xc->...c", a, b_gathered, table)
+
+    def geometric_product(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """a b over the last dimension (broadcasting over the others)."""
+        return self._product(a, b, "geometric")
+
+    def outer_product(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """a ^ b: grade-(r+s) part of the product of grade-r and grade-s parts."""
+        return self._product(a, b, "outer")
+
+    def left_contraction(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """a _| b: grade-(s-r) part of the product of grade-r and grade-s parts (zero if r > s)."""
+        return self._product(a, b, "left_contraction")
+
+    def inner_product(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """Hestenes inner product: grade-|r-s| part of grade-r times grade-s, scalars excluded."""
+        return self._product(a, b, "inner")
+
+    def reverse(self, a: torch.Tensor) -> torch.Tensor:
+        """~a: blade of grade g times (-1)^(g(g-1)/2)."""
+        return a * self.reverse_signs.to(device=a.device, dtype=a.dtype)
+
+    def grade_projection(self, a: torch.Tensor, grade: int) -> torch.Tensor:
+        """<a>_g with the other coefficients set to zero (same shape)."""
+        keep = (self.grades == grade).to(device=a.device, dtype=a.dtype)
+        return a * keep
+
+    def grade_part(self, a: torch.Tensor, grade: int) -> torch.Tensor:
+        """Coefficients of grade `g` only: `[..., C(n, g)]`, in mask order."""
+        return a[..., self.blades_of_grade(grade).to(a.device)]
+
+    def scalar_product_signs(self) -> torch.Tensor:
+        """s[A] with <a ~b>_0 = sum_A s[A] a_A b_A (= reverse sign x e_A e_A)."""
+        return self.reverse_signs * torch.diagonal(self.product_sign)
+
+    def bilinear_forms(self, blades: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Signed permutations of <a ~b>_C for each blade C in `blades`.
+
+        Returns `(index, sign)` of shape `[len(blades), dim]` with
+        <a ~b>_C = sum_A a_A * sign[C, A] * b_{index[C, A]},  index[C, A] = A xor C.
+        """
+        rows_index, rows_sign = [], []
+        for c in blades.tolist():
+            index = torch.tensor([a ^ c for a in range(self.dim)])
+            sign = torch.tensor(
+                [blade_product_sign(a, a ^ c, self.squares) * int(self.reverse_signs[a ^ c]) for a in range(self.dim)]
+            )
+            rows_index.append(index)
+            rows_sign.append(sign)
+        return torch.stack(rows_index), torch.stack(rows_sign)
+
+
+@lru_cache(maxsize=None)
+def conformal_algebra() -> CliffordAlgebra:
+    """Cl(4,1), the conformal geometric algebra used by Versor."""
+    return CliffordAlgebra(4, 1, 0)
+
+
+# Blade masks of the 10 bivectors of Cl(4,1), in mask order; the 6 with e5 absent square to -1
+# (rotations), the 4 e_i e5 square to +1 (boosts).
+BIVECTOR_MASKS = (3, 5, 6, 9, 10, 12, 17, 18, 20, 24)
+NUM_BLADES = 32
+NUM_GRADES = 6
+
+
+# --------------------------------------------------------------------------------------------------
+# Cl(4,1) = M4(C)
+# --------------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=None)
+def _matrix_basis() -> torch.Tensor:
+    """E_A for every mask A as real/imag parts: float64 `[32, 2, 4, 4]`."""
+    one = torch.eye(2, dtype=torch.complex128)
+    sx = torch.tensor([[0, 1], [1, 0]], dtype=torch.complex128)
+    sy = torch.tensor([[0, -1j], [1j, 0]], dtype=torch.complex128)
+    sz = torch.tensor([[1, 0], [0, -1]], dtype=torch.complex128)
+    generators = [
+        torch.kron(sx, one),
+        torch.kron(sy, one),
+        torch.kron(sz, sx),
+        torch.kron(sz, sy),
+        1j * torch.kron(sz, sz),
+    ]
+    basis = []
+    for mask in range(NUM_BLADES):
+        m = torch.eye(4, dtype=torch.complex128)
+        for bit in range(5):
+            if mask >> bit & 1:
+                m = m @ generators[bit]
+        basis.append(m)
+    basis = torch.stack(basis)
+    return torch.stack((basis.real, basis.imag), dim=1)
+
+
+def _basis(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return _matrix_basis().to(device=device, dtype=dtype)
+
+
+def complex_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(X + iY)(U + iV) on `[..., 2, n, n]` real/imag pairs."""
+    ar, ai = a.unbind(-3)
+    br, bi = b.unbind(-3)
+    return torch.stack((ar @ br - ai @ bi, ar @ bi + ai @ br), dim=-3)
+
+
+def to_matrix(a: torch.Tensor) -> torch.Tensor:
+    """Encode Cl(4,1) multivectors `[..., 32]` as M = sum_A a_A E_A, `[..., 2, 4, 4]` (real, imag)."""
+    return torch.einsum("...a,aczw->...czw", a, _basis(a.device, a.dtype))
+
+
+def from_matrix(m: torch.Tensor) -> torch.Tensor:
+    """Decode a_A = Re Tr(M E_A^dagger) / 4 = sum_ij (Re M_ij Re E_Aij + Im M_ij Im E_Aij) / 4."""
+    return torch.einsum("...czw,aczw->...a", m, _basis(m.device, m.dtype)) / 4
+
+
+def matrix_geometric_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a b through the matrix path: encode, one complex 4x4 matmul, decode."""
+    return from_matrix(complex_matmul(to_matrix(a), to_matrix(b)))
+
+
+@lru_cache(maxsize=None)
+def _reverse_conjugator() -> torch.Tensor:
+    # ~M = C M^T C^-1 with C = E_{e2 e4}: transposition fixes e1, e3, e5 and negates e2, e4 (sy^T = -sy);
+    # conjugation by e2 e4 negates exactly e2 and e4 back, so the composite fixes every generator and
+    # reverses products: it is the reversion anti-automorphism.
+    return _matrix_basis()[0b01010]
+
+
+def matrix_reverse(m: torch.Tensor) -> torch.Tensor:
+    """Reversion ~M in the matrix representation, `[..., 2, 4, 4]`."""
+    c = _reverse_conjugator().to(device=m.device, dtype=m.dtype)
+    c_inv = -c  # (e2 e4)^2 = -1
+    return complex_matmul(complex_matmul(c.expand_as(m), m.transpose(-1, -2)), c_inv.expand_as(m))
+
+
+def _complex_to_real8(m: torch.Tensor) -> torch.Tensor:
+    x, y = m.unbind(-3)
+    return torch.cat((torch.cat((x, -y), dim=-1), torch.cat((y, x), dim=-1)), dim=-2)
+
+
+def bivector_to_multivector(bivector: torch.Tensor) -> torch.Tensor:
+    """Place 10 bivector coefficients (order `BIVECTOR_MASKS`) into a `[..., 32]` multivector."""
+    out = bivector.new_zeros(*bivector.shape[:-1], NUM_BLADES)
+    out[..., list(BIVECTOR_MASKS)] = bivector
+    return out
+
+
+def rotor_exp_matrix(bivector: torch.Tensor) -> torch.Tensor:
+    """exp(-B/2) in the M4(C) representation, `[..., 2, 4, 4]`, for bivector coefficients `[..., 10]`.
+
+    Computed in float32 (or float64 if given) via the real 8x8 form of the complex matrix.
+    """
+    dtype = torch.float64 if bivector.dtype == torch.float64 else torch.float32
+    b = bivector.to(dtype)
+    basis = _basis(b.device, dtype)[list(BIVECTOR_MASKS)]  # [10, 2, 4, 4]
+    generator = torch.einsum("...k,kczw->...czw", -0.5 * b, basis)
+    real8 = torch.linalg.matrix_exp(_complex_to_real8(generator))
+    return torch.stack((real8[..., :4, :4], real8[..., 4:, :4]), dim=-3)
+
+
+def rotor_exp(bivector: torch.Tensor) -> torch.Tensor:
+    """Rotor R = exp(-B/2) as a `[..., 32]` multivector (even grades; odd grades are float noise
+    and projected out)."""
+    rotor = from_matrix(rotor_exp_matrix(bivector))
+    even = (conformal_algebra().grades % 2 == 0).to(device=rotor.device, dtype=rotor.dtype)
+    return rotor * even
+
+
+def rotor_norm_error(rotor_matrix: torch.Tensor) -> torch.Tensor:
+    """max |R ~R - 1| over the 32 coefficients, per rotor given as `[..., 2, 4, 4]`."""
+    product = from_matrix(complex_matmul(rotor_matrix, matrix_reverse(rotor_matrix)))
+    product[..., 0] = product[..., 0] - 1
+    return product.abs().amax(-1)
+
+
+def rotor_normalize(rotor_matrix: torch.Tensor) -> torch.Tensor:
+    """Project a near-rotor back onto the group: one Newton step R <- R (3 - ~R R) / 2.
+
+    For R = R0 (1 + d) with R0 a rotor and d small, ~R R = 1 + 2d' + O(d^2) and the step removes the
+    first-order drift (the iteration converges quadratically to the rotor factor, like
+    Newton-Schulz polar iteration for orthogonal matrices).
+    """
+    n = complex_matmul(matrix_reverse(rotor_matrix), rotor_matrix)
+    eye = torch.eye(4, device=n.device, dtype=n.dtype)
+    three = torch.stack((3 * eye, torch.zeros_like(eye)))
+    return 0.5 * complex_matmul(rotor_matrix, three - n)
+
+
+def sandwich(rotor_matrix: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """R x ~R for rotors `[..., 2, 4, 4]` and multivectors `[..., 32]` (grade-preserving)."""
+    m = to_matrix(x)
+    return from_matrix(complex_matmul(complex_matmul(rotor_matrix, m), matrix_reverse(rotor_matrix)))
+
+
+__all__ = [
+    "BIVECTOR_MASKS",
+    "NUM_BLADES",
+    "NUM_GRADES",
+    "CliffordAlgebra",
+    "blade_product_sign",
+    "bivector_to_multivector",
+    "complex_matmul",
+    "conformal_algebra",
+    "from_matrix",
+    "matrix_geometric_product",
+    "matrix_reverse",
+    "rotor_exp",
+    "rotor_exp_matrix",
+    "rotor_norm_error",
+    "rotor_normalize",
+    "sandwich",
+    "to_matrix",
+]

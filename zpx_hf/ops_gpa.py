@@ -1,0 +1,458 @@
+"""Geometric product attention (GPA, SPEC §4): reference op, Triton flash kernel, SDPA scalar path.
+
+Query, key and value of one head are `c` Cl(4,1) multivectors, flattened to `[B, H, L, D]` with
+`D = 32 c` and column `ch * 32 + blade mask`. With P_ij = sum_ch Q_i,ch ~K_j,ch:
+
+    S_ij = ( <P_ij>_0 + gamma_h * sqrt(sum_C <P_ij>_C^2 + eps) ) / sqrt(D),   C over the 10 bivectors
+    out_i = sum_j softmax_j(S_ij) V_j
+
+Each coefficient <P>_C is a bilinear form with a signed permutation,
+<P>_C = sum_A Q_A sign_C[A] K_{A xor C} (`CliffordAlgebra.bilinear_forms`), so a score needs 1 + 10
+dot products over D. The paths:
+
+* `gpa_reference` - the formula materialised: [B, H, Lq, Lk, 11] products. Readable, any mask, returns
+  the attention weights. O(L^2) memory.
+* `gpa_triton` - flash-style Triton kernels (forward; backward for dq, dk, dv, dgamma). Per tile the 11
+  dot products are taken against sign-permuted key loads, combined, and fed to an online softmax;
+  only the per-row log-sum-exp is stored, so memory is O(L). Causal or no mask.
+* `gpa_scalar_sdpa` - gamma = 0 (scalar part only): <P>_0 = Q . (sign_0 * K), plain SDPA.
+
+`geometric_product_attention` is the one dispatch function.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, conformal_algebra
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # remote-code copies and CPU-only installs run the reference
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+NUM_FORMS = 1 + len(BIVECTOR_MASKS)  # scalar + 10 bivector coefficients
+
+
+@lru_cache(maxsize=None)
+def _form_tables_cpu() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """index[m, A] = A xor C_m, sign[m, A] (key side), and sign[m, A xor C_m] (query side)."""
+    index, sign = conformal_algebra().bilinear_forms(torch.tensor((0,) + BIVECTOR_MASKS))
+    query_sign = torch.gather(sign, 1, index)
+    return index, sign.float(), query_sign.float()
+
+
+def form_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    index, sign, query_sign = _form_tables_cpu()
+    return index.to(device), sign.to(device), query_sign.to(device)
+
+
+def _check_shapes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+    if query.shape[-1] % NUM_BLADES != 0:
+        raise ValueError(f"GPA head dim must be a multiple of 32 (multivector channels); got {query.shape[-1]}.")
+    if key.shape != value.shape or query.shape[:2] != key.shape[:2] or query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"GPA expects query [B, H, Lq, D] and key/value [B, H, Lk, D]; got {tuple(query.shape)}, "
+            f"{tuple(key.shape)}, {tuple(value.shape)}."
+        )
+
+
+def gpa_score_products(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """[B, H, Lq, Lk, 11]: <P_ij>_0 and the 10 bivector coefficients of P_ij = sum_ch Q_i ~K_j."""
+    index, sign, _ = form_tables(query.device)
+    batch, heads, k_len, dim = key.shape
+    channels = dim // NUM_BLADES
+    k = key.reshape(batch, heads, k_len, channels, NUM_BLADES)
+    k_forms = k[..., index] * sign.to(key.dtype)  # [B, H, Lk, c, 11, 32]
+    q = query.reshape(*query.shape[:3], channels, NUM_BLADES)
+    return torch.einsum("bhicx,bhjcmx->bhijm", q, k_forms)
+
+
+def gpa_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    gamma: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scaling: float | None = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPA as written. `attention_mask`: bool [B, 1|H, Lq, Lk] (True = attend). Returns (out, weights)."""
+    _check_shapes(query, key, value)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    products = gpa_score_products(query.float(), key.float())
+    scalar, bivector = products[..., 0], products[..., 1:]
+    norm = torch.sqrt(bivector.pow(2).sum(-1) + eps)
+    scores = (scalar + gamma.float().view(1, -1, 1, 1) * norm) * scaling
+    q_len, k_len = query.shape[2], key.shape[2]
+    if is_causal:
+        causal = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    out = torch.matmul(weights.to(value.dtype), value)
+    return out, weights
+
+
+def gpa_scalar_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scaling: float | None = None,
+) -> torch.Tensor:
+    """gamma = 0: S = <Q ~K>_0 / sqrt(D) = Q . (sign_0 * K) / sqrt(D) through SDPA."""
+    _check_shapes(query, key, value)
+    _, sign, _ = form_tables(query.device)
+    channels = key.shape[-1] // NUM_BLADES
+    signed_key = key * sign[0].to(key.dtype).repeat(channels)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    return F.scaled_dot_product_attention(
+        query, signed_key, value, attn_mask=attention_mask, is_causal=is_causal, scale=scaling
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------------
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _load_form(base, rows, row_mask, cols, col_mask, dim, form, FORM_INDEX, FORM_SIGN, dtype: tl.constexpr):
+        # X^(m)[r, ch*32 + A] = sign[m, A] * X[r, ch*32 + index[m, A]]
+        blade = cols % 32
+        permuted = cols - blade + tl.load(FORM_INDEX + form * 32 + blade)
+        sign = tl.load(FORM_SIGN + form * 32 + blade)
+        x = tl.load(
+            base + rows[:, None] * dim + permuted[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0
+        )
+        return (x * sign[None, :]).to(dtype)
+
+    @triton.jit
+    def _dot(a, b, IEEE: tl.constexpr):
+        if IEEE:
+            return tl.dot(a, b, input_precision="ieee")
+        else:
+            return tl.dot(a, b)
+
+    @triton.jit
+    def _gpa_fwd_kernel(
+        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, O, LSE,
+        num_heads, q_len, k_len, dim, q_offset, scale, eps,
+        IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        gamma = tl.load(GAMMA + bh % num_heads).to(tl.float32)
+        q_base = Q + bh * q_len * dim
+        k_base = K + bh * k_len * dim
+        v_base = V + bh * k_len * dim
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        m_mask = offs_m < q_len
+        d_mask = offs_d < dim
+        q = tl.load(q_base + offs_m[:, None] * dim + offs_d[None, :], mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+        dtype = q.dtype
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        hi = k_len
+        if IS_CAUSAL:
+            hi = tl.minimum(k_len, q_offset + (pid_m + 1) * BLOCK_M)
+        for start_n in range(0, hi, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            n_mask = offs_n < k_len
+            k0 = _load_form(k_base, offs_n, n_mask, offs_d, d_mask, dim, 0, FORM_INDEX, FORM_SIGN, dtype)
+            scalar = _dot(q, tl.trans(k0), IEEE)
+            square = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for form in tl.static_range(1, 11):
+                km = _load_form(k_base, offs_n, n_mask, offs_d, d_mask, dim, form, FORM_INDEX, FORM_SIGN, dtype)
+                coefficient = _dot(q, tl.trans(km), IEEE)
+                square += coefficient * coefficient
+            s = (scalar + gamma * tl.sqrt(square + eps)) * scale
+            valid = n_mask[None, :]
+            if IS_CAUSAL:
+                valid = valid & (offs_n[None, :] <= offs_m[:, None] + q_offset)
+            s = tl.where(valid, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(
+                v_base + offs_n[:, None] * dim + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0
+            )
+            acc = acc * alpha[:, None] + _dot(p.to(dtype), v, IEEE)
+            m_i = m_new
+        out = acc / l_i[:, None]
+        tl.store(
+            O + bh * q_len * dim + offs_m[:, None] * dim + offs_d[None, :],
+            out.to(dtype),
+            mask=m_mask[:, None] & d_mask[None, :],
+        )  # noqa: E501
+        tl.store(LSE + bh * q_len + offs_m, m_i + tl.log(l_i), mask=m_mask)
+
+    @triton.jit
+    def _gpa_bwd_dkdv_kernel(
+        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, QUERY_SIGN, DO, LSE, DELTA, DK, DV, DGAMMA,
+        num_heads, q_len, k_len, dim, q_offset, scale, eps, num_key_blocks,
+        IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        # s_m = Q'^(m) . K with Q'^(m)[B] = sign_m[B ^ C_m] Q[B ^ C_m], so dK = sum_m ds_m^T Q'^(m).
+        pid_n = tl.program_id(0)
+        bh = tl.program_id(1)
+        gamma = tl.load(GAMMA + bh % num_heads).to(tl.float32)
+        q_base = Q + bh * q_len * dim
+        do_base = DO + bh * q_len * dim
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        n_mask = offs_n < k_len
+        d_mask = offs_d < dim
+        kv_offsets = bh * k_len * dim + offs_n[:, None] * dim + offs_d[None, :]
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(K + kv_offsets, mask=kv_mask, other=0.0)
+        v = tl.load(V + kv_offsets, mask=kv_mask, other=0.0)
+        dtype = k.dtype
+        dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        dgamma = tl.zeros([BLOCK_N], tl.float32)
+        lo = 0
+        if IS_CAUSAL:
+            lo = tl.maximum(pid_n * BLOCK_N - q_offset, 0) // BLOCK_M * BLOCK_M
+        for start_m in range(lo, q_len, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            m_mask = offs_m < q_len
+            scalar = _dot(
+                _load_form(q_base, offs_m, m_mask, offs_d, d_mask, dim, 0, FORM_INDEX, QUERY_SIGN, dtype),
+                tl.trans(k),
+                IEEE,
+            )  # noqa: E501
+            square = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for form in tl.static_range(1, 11):
+                qm = _load_form(q_base, offs_m, m_mask, offs_d, d_mask, dim, form, FORM_INDEX, QUERY_SIGN, dtype)
+                coefficient = _dot(qm, tl.trans(k), IEEE)
+                square += coefficient * coefficient
+            norm = tl.sqrt(square + eps)
+            s = (scalar + gamma * norm) * scale
+            valid = n_mask[None, :] & m_mask[:, None]
+            if IS_CAUSAL:
+                valid = valid & (offs_n[None, :] <= offs_m[:, None] + q_offset)
+            lse = tl.load(LSE + bh * q_len + offs_m, mask=m_mask, other=0.0)
+            p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
+            do = tl.load(
+                do_base + offs_m[:, None] * dim + offs_d[None, :], mask=m_mask[:, None] & d_mask[None, :], other=0.0
+            )  # noqa: E501
+            delta = tl.load(DELTA + bh * q_len + offs_m, mask=m_mask, other=0.0)
+            dv += _dot(tl.trans(p.to(dtype)), do, IEEE)
+            dp = _dot(do, tl.trans(v), IEEE)
+            ds = p * (dp - delta[:, None]) * scale  # dL/d(score before scaling)
+            dgamma += tl.sum(ds * norm, 0)
+            q0 = _load_form(q_base, offs_m, m_mask, offs_d, d_mask, dim, 0, FORM_INDEX, QUERY_SIGN, dtype)
+            dk += _dot(tl.trans(ds.to(dtype)), q0, IEEE)
+            ds_norm = ds * gamma / norm
+            for form in tl.static_range(1, 11):
+                qm = _load_form(q_base, offs_m, m_mask, offs_d, d_mask, dim, form, FORM_INDEX, QUERY_SIGN, dtype)
+                coefficient = _dot(qm, tl.trans(k), IEEE)
+                dk += _dot(tl.trans((ds_norm * coefficient).to(dtype)), qm, IEEE)
+        tl.store(DK + kv_offsets, dk.to(dtype), mask=kv_mask)
+        tl.store(DV + kv_offsets, dv.to(dtype), mask=kv_mask)
+        tl.store(DGAMMA + bh * num_key_blocks + pid_n, tl.sum(dgamma, 0))
+
+    @triton.jit
+    def _gpa_bwd_dq_kernel(
+        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, DO, LSE, DELTA, DQ,
+        num_heads, q_len, k_len, dim, q_offset, scale, eps,
+        IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        # dQ = sum_j ds0_ij K^(0)_j + sum_m ds_m_ij K^(m)_j
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        gamma = tl.load(GAMMA + bh % num_heads).to(tl.float32)
+        k_base = K + bh * k_len * dim
+        v_base = V + bh * k_len * dim
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        m_mask = offs_m < q_len
+        d_mask = offs_d < dim
+        q_offsets = bh * q_len * dim + offs_m[:, None] * dim + offs_d[None, :]
+        q_mask = m_mask[:, None] & d_mask[None, :]
+        q = tl.load(Q + q_offsets, mask=q_mask, other=0.0)
+        do = tl.load(DO + q_offsets, mask=q_mask, other=0.0)
+        dtype = q.dtype
+        lse = tl.load(LSE + bh * q_len + offs_m, mask=m_mask, other=0.0)
+        delta = tl.load(DELTA + bh * q_len + offs_m, mask=m_mask, other=0.0)
+        dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        hi = k_len
+        if IS_CAUSAL:
+            hi = tl.minimum(k_len, q_offset + (pid_m + 1) * BLOCK_M)
+        for start_n in range(0, hi, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            n_mask = offs_n < k_len
+            k0 = _load_form(k_base, offs_n, n_mask, offs_d, d_mask, dim, 0, FORM_INDEX, FORM_SIGN, dtype)
+            scalar = _dot(q, tl.trans(k0), IEEE)
+            square = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for form in tl.static_range(1, 11):
+                km = _load_form(k_base, offs_n, n_mask, offs_d, d_mask, dim, form, FORM_INDEX, FORM_SIGN, dtype)
+                coefficient = _dot(q, tl.trans(km), IEEE)
+                square += coefficient * coefficient
+            norm = tl.sqrt(square + eps)
+            s = (scalar + gamma * norm) * scale
+            valid = n_mask[None, :]
+            if IS_CAUSAL:
+                valid = valid & (offs_n[None, :] <= offs_m[:, None] + q_offset)
+            p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
+            v = tl.load(
+                v_base + offs_n[:, None] * dim + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0
+            )
+            dp = _dot(do, tl.trans(v), IEEE)
+            ds = p * (dp - delta[:, None]) * scale
+            dq += _dot(ds.to(dtype), k0, IEEE)
+            ds_norm = ds * gamma / norm
+            for form in tl.static_range(1, 11):
+                km = _load_form(k_base, offs_n, n_mask, offs_d, d_mask, dim, form, FORM_INDEX, FORM_SIGN, dtype)
+                coefficient = _dot(q, tl.trans(km), IEEE)
+                dq += _dot((ds_norm * coefficient).to(dtype), km, IEEE)
+        tl.store(DQ + q_offsets, dq.to(dtype), mask=q_mask)
+
+
+def _block_sizes(dim: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps): one fixed config (interpreter and GPU alike)."""
+    block_d = max(32, triton.next_power_of_2(dim))
+    if device.type != "cuda":
+        return 16, 16, block_d, 4
+    if block_d <= 64:
+        return 64, 32, block_d, 4
+    return 32, 32, block_d, 4
+
+
+class _GPATritonFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, query, key, value, gamma, is_causal, scaling, eps):  # type: ignore[override]
+        batch, heads, q_len, dim = query.shape
+        k_len = key.shape[2]
+        q = query.contiguous()
+        k = key.contiguous()
+        v = value.contiguous()
+        gamma32 = gamma.detach().float().contiguous()
+        index, sign, query_sign = form_tables(q.device)
+        index = index.to(torch.int32).contiguous()
+        out = torch.empty_like(q)
+        lse = torch.empty(batch * heads, q_len, device=q.device, dtype=torch.float32)
+        block_m, block_n, block_d, warps = _block_sizes(dim, q.device)
+        grid = (triton.cdiv(q_len, block_m), batch * heads)
+        _gpa_fwd_kernel[grid](
+            q, k, v, gamma32, index, sign, out, lse,
+            heads, q_len, k_len, dim, k_len - q_len, scaling, eps,
+            IS_CAUSAL=is_causal, IEEE=q.dtype == torch.float32,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps,
+        )  # fmt: skip
+        ctx.save_for_backward(q, k, v, gamma, out, lse)
+        ctx.settings = (is_causal, scaling, eps)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        q, k, v, gamma, out, lse = ctx.saved_tensors
+        is_causal, scaling, eps = ctx.settings
+        batch, heads, q_len, dim = q.shape
+        k_len = k.shape[2]
+        grad_out = grad_out.contiguous()
+        delta = (grad_out.float() * out.float()).sum(-1).reshape(batch * heads, q_len).contiguous()
+        gamma32 = gamma.detach().float().contiguous()
+        index, sign, query_sign = form_tables(q.device)
+        index = index.to(torch.int32).contiguous()
+        block_m, block_n, block_d, warps = _block_sizes(dim, q.device)
+        num_key_blocks = triton.cdiv(k_len, block_n)
+        dq = torch.empty_like(q)
+        dk = torch.empty_like(k)
+        dv = torch.empty_like(v)
+        dgamma = torch.zeros(batch * heads, num_key_blocks, device=q.device, dtype=torch.float32)
+        common = dict(IS_CAUSAL=is_causal, IEEE=q.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n)
+        _gpa_bwd_dkdv_kernel[(num_key_blocks, batch * heads)](
+            q, k, v, gamma32, index, sign, query_sign, grad_out, lse, delta, dk, dv, dgamma,
+            heads, q_len, k_len, dim, k_len - q_len, scaling, eps, num_key_blocks,
+            BLOCK_D=block_d, num_warps=warps, **common,
+        )  # fmt: skip
+        _gpa_bwd_dq_kernel[(triton.cdiv(q_len, block_m), batch * heads)](
+            q, k, v, gamma32, index, sign, grad_out, lse, delta, dq,
+            heads, q_len, k_len, dim, k_len - q_len, scaling, eps,
+            BLOCK_D=block_d, num_warps=warps, **common,
+        )  # fmt: skip
+        grad_gamma = dgamma.view(batch, heads, num_key_blocks).sum((0, 2)).to(gamma.dtype)
+        return dq, dk, dv, grad_gamma.view_as(gamma), None, None, None
+
+
+def gpa_triton(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    gamma: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scaling: float | None = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, None]:
+    """GPA through the fused Triton kernels (same signature as `gpa_reference`; weights are not formed)."""
+    if not HAS_TRITON:
+        raise RuntimeError("gpa_triton needs `triton`; install it or use the reference (gpa_kernel='reference').")
+    if attention_mask is not None:
+        raise ValueError("gpa_triton supports causal or unmasked attention; pass attention_mask=None.")
+    _check_shapes(query, key, value)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    return _GPATritonFunction.apply(query, key, value, gamma, bool(is_causal), scaling, float(eps)), None
+
+
+GPA_KERNELS = ("auto", "reference", "triton")
+
+
+def geometric_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    gamma: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scaling: float | None = None,
+    eps: float = 1e-6,
+    kernel: str = "auto",
+    scalar_only: bool = False,
+    output_weights: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Dispatch: `scalar_only` -> SDPA; `kernel="auto"` -> Triton for CUDA tensors without a padding mask
+    when Triton is importable, else the reference; `"reference"`/`"triton"` force a path. Attention weights
+    (`output_weights`) need the reference."""
+    if kernel not in GPA_KERNELS:
+        raise ValueError(f"GPA kernel {kernel!r} is unknown; use one of {list(GPA_KERNELS)}.")
+    if output_weights or kernel == "reference":
+        return gpa_reference(query, key, value, gamma, attention_mask, is_causal, scaling, eps)
+    if scalar_only:
+        return gpa_scalar_sdpa(query, key, value, attention_mask, is_causal, scaling), None
+    if kernel == "triton" or (HAS_TRITON and query.is_cuda and attention_mask is None):
+        return gpa_triton(query, key, value, gamma, attention_mask, is_causal, scaling, eps)
+    return gpa_reference(query, key, value, gamma, attention_mask, is_causal, scaling, eps)
+
+
+__all__ = [
+    "GPA_KERNELS",
+    "HAS_TRITON",
+    "geometric_product_attention",
+    "gpa_reference",
+    "gpa_scalar_sdpa",
+    "gpa_score_products",
+    "gpa_triton",
+]
