@@ -12,13 +12,16 @@ from transformers import (
     AutoModelForSequenceClassification,
 )
 
+from .configuration_pct import PCTConfig
 from .configuration_zpx import ZPXConfig
+from .modeling_pct import PCTForCausalLM, PCTForSequenceClassification, PCTModel
 from .modeling_zpx import ZPXForCausalLM, ZPXForSequenceClassification, ZPXModel
 
 __version__ = "0.1.0"
 
 FAMILIES = {
     "zpx": (ZPXConfig, ZPXModel, ZPXForCausalLM, ZPXForSequenceClassification),
+    "pct": (PCTConfig, PCTModel, PCTForCausalLM, PCTForSequenceClassification),
 }
 
 
@@ -36,4 +39,14 @@ def _register(config_class, model_class, causal_lm_class, classification_class) 
 for _classes in FAMILIES.values():
     _register(*_classes)
 
-__all__ = ["ZPXConfig", "ZPXModel", "ZPXForCausalLM", "ZPXForSequenceClassification", "FAMILIES"]
+__all__ = [
+    "ZPXConfig",
+    "ZPXModel",
+    "ZPXForCausalLM",
+    "ZPXForSequenceClassification",
+    "PCTConfig",
+    "PCTModel",
+    "PCTForCausalLM",
+    "PCTForSequenceClassification",
+    "FAMILIES",
+]
