@@ -47,13 +47,14 @@ def _triton_interpreting() -> bool:
 
 
 def _per_head(value: torch.Tensor | float, num_heads: int, device: torch.device) -> torch.Tensor:
-    """tau or b as a float32 vector [H] (a scalar is broadcast to every head)."""
+    """tau or b as a vector [H] of at least float32 precision (a scalar is broadcast to every head)."""
     value = torch.as_tensor(value, device=device)
+    value = value.to(torch.promote_types(value.dtype, torch.float32))
     if value.numel() == 1:
-        return value.reshape(1).float().expand(num_heads)
+        return value.reshape(1).expand(num_heads)
     if value.shape != (num_heads,):
         raise ValueError(f"per-head parameter must have shape [{num_heads}] or be a scalar; got {tuple(value.shape)}.")
-    return value.float()
+    return value
 
 
 def _check_shapes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_padding_mask) -> None:
@@ -111,7 +112,9 @@ class _PCTAttentionReference(torch.autograd.Function):
     def forward(ctx, query, key, value, tau, bias, key_padding_mask, causal, block):
         l_q, l_k = query.shape[2], key.shape[2]
         offset = l_k - l_q
-        q, k, v = query.float(), key.float(), value.float()
+        acc = torch.promote_types(query.dtype, torch.float32)  # float32 accumulation (float64 stays float64)
+        q, k, v = query.to(acc), key.to(acc), value.to(acc)
+        tau, bias = tau.to(acc), bias.to(acc)
         out = torch.zeros_like(q)
         for qs, qe, ks, ke in _tiles(l_q, l_k, causal, block):
             mask = _visible(qs, qe, ks, ke, offset, causal, key_padding_mask, q.device)
@@ -126,7 +129,10 @@ class _PCTAttentionReference(torch.autograd.Function):
         query, key, value, tau, bias, key_padding_mask = ctx.saved_tensors
         l_q, l_k = query.shape[2], key.shape[2]
         offset = l_k - l_q
-        q, k, v, do = query.float(), key.float(), value.float(), grad_out.float()
+        acc = torch.promote_types(query.dtype, torch.float32)
+        q, k, v, do = query.to(acc), key.to(acc), value.to(acc), grad_out.to(acc)
+        tau_in, bias_in = tau, bias
+        tau, bias = tau.to(acc), bias.to(acc)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dtau = torch.zeros_like(tau)
         dbias = torch.zeros_like(bias)
@@ -145,8 +151,8 @@ class _PCTAttentionReference(torch.autograd.Function):
             (dq * scale).to(query.dtype),
             (dk * scale).to(key.dtype),
             dv.to(value.dtype),
-            dtau,
-            dbias,
+            dtau.to(tau_in.dtype),
+            dbias.to(bias_in.dtype),
             None,
             None,
             None,
@@ -193,7 +199,8 @@ def pct_attention_weights(
     if key_padding_mask is not None:
         key_padding_mask = key_padding_mask.to(device=query.device, dtype=torch.bool)
     mask = _visible(0, l_q, 0, l_k, l_k - l_q, causal, key_padding_mask, query.device)
-    return _tile_gates(query.float(), key.float(), tau, bias, mask)[1]
+    acc = torch.promote_types(query.dtype, torch.float32)
+    return _tile_gates(query.to(acc), key.to(acc), tau.to(acc), bias.to(acc), mask)[1]
 
 
 if HAS_TRITON:
@@ -443,8 +450,8 @@ def pct_attention_triton(
         raise ValueError(f"the PCT Triton kernel supports fp32/fp16/bf16 inputs; got {query.dtype}.")
     _check_shapes(query, key, value, key_padding_mask)
     heads = query.shape[1]
-    tau = _per_head(tau, heads, query.device).contiguous()
-    bias = _per_head(gate_bias, heads, query.device).contiguous()
+    tau = _per_head(tau, heads, query.device).float().contiguous()
+    bias = _per_head(gate_bias, heads, query.device).float().contiguous()
     value = value.to(query.dtype)
     key = key.to(query.dtype)
     if key_padding_mask is not None:
