@@ -122,7 +122,7 @@ def test_eager_and_sdpa_agree_forward_and_gradients(causal, length):
     outputs = []
     for model in (eager, sdpa):
         model.zero_grad()
-        out = model(input_ids=input_ids, attention_mask=attention_mask)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, output_phases=True)
         hidden = out.last_hidden_state * attention_mask[..., None]
         (hidden.pow(2).mean() + 1e-4 * out.center_loss).backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

@@ -50,7 +50,8 @@ from .rotary_srpe import apply_rotary, build_rotary
 
 @dataclass
 class ZPXModelOutputWithPast(BaseModelOutputWithPast):
-    """Adds `phases` (per layer Phi [B, L, H, C, 7], on request) and `center_loss` (always)."""
+    """Adds `phases` (per layer Phi [B, L, H, C, 7]) and `center_loss` (mean over layers); both are
+    computed when `output_phases=True`, and `center_loss` also whenever `center_loss_weight > 0`."""
 
     phases: tuple[torch.Tensor, ...] | None = None
     center_loss: torch.Tensor | None = None
@@ -254,7 +255,9 @@ class ZPXModel(ZPXPreTrainedModel):
         all_hidden_states = () if output_hidden_states else None
         all_attentions = () if output_attentions else None
         all_phases = () if output_phases else None
-        center_loss = hidden_states.new_zeros((), dtype=torch.float32)
+        # The centre term costs a reduction per layer: only computed when it is used or asked for.
+        want_center = bool(output_phases) or self.config.center_loss_weight > 0
+        center_loss = hidden_states.new_zeros((), dtype=torch.float32) if want_center else None
         for layer in self.layers:
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
@@ -264,7 +267,8 @@ class ZPXModel(ZPXPreTrainedModel):
                 position_embeddings=position_embeddings,
                 past_key_values=past_key_values,
             )
-            center_loss = center_loss + center_cancellation_loss(phase, token_mask)
+            if want_center:
+                center_loss = center_loss + center_cancellation_loss(phase, token_mask)
             if output_attentions:
                 all_attentions += (weights,)
             if output_phases:
@@ -273,7 +277,8 @@ class ZPXModel(ZPXPreTrainedModel):
         hidden_states = self.norm(hidden_states)
         if output_hidden_states:
             all_hidden_states += (hidden_states,)
-        center_loss = center_loss / len(self.layers)
+        if want_center:
+            center_loss = center_loss / len(self.layers)
 
         output = ZPXModelOutputWithPast(
             last_hidden_state=hidden_states,

@@ -36,6 +36,8 @@ class PhaseState(NamedTuple):
     log_r: torch.Tensor
     phi: torch.Tensor
     b: torch.Tensor
+    cos_phi: torch.Tensor
+    sin_phi: torch.Tensor
     x: torch.Tensor
     y: torch.Tensor
     sphere: torch.Tensor
@@ -49,14 +51,15 @@ def phase_coordinates(
     theta = math.pi * torch.tanh(theta_pre)
     b = torch.sigmoid(b_pre)
     phi = theta + math.pi * b
+    cos_phi, sin_phi = torch.cos(phi), torch.sin(phi)
     r = torch.exp(log_r)
-    x = r * torch.cos(phi)
-    y = r * torch.sin(phi)
     # Stereographic projection written in log_r so it never overflows:
     # 2r / (1 + r^2) = sech(log_r),  (r^2 - 1) / (r^2 + 1) = tanh(log_r).
     sech = 1.0 / torch.cosh(log_r)
-    sphere = torch.stack((sech * torch.cos(phi), sech * torch.sin(phi), torch.tanh(log_r)), dim=-1)
-    return PhaseState(log_r=log_r, phi=phi, b=b, x=x, y=y, sphere=sphere)
+    sphere = torch.stack((sech * cos_phi, sech * sin_phi, torch.tanh(log_r)), dim=-1)
+    return PhaseState(
+        log_r=log_r, phi=phi, b=b, cos_phi=cos_phi, sin_phi=sin_phi, x=r * cos_phi, y=r * sin_phi, sphere=sphere
+    )
 
 
 def phase_tensor(state: PhaseState) -> torch.Tensor:
@@ -64,8 +67,8 @@ def phase_tensor(state: PhaseState) -> torch.Tensor:
     return torch.cat(
         (
             state.log_r[..., None],
-            torch.cos(state.phi)[..., None],
-            torch.sin(state.phi)[..., None],
+            state.cos_phi[..., None],
+            state.sin_phi[..., None],
             state.sphere,
             state.b[..., None],
         ),
@@ -76,9 +79,7 @@ def phase_tensor(state: PhaseState) -> torch.Tensor:
 def phase_key_features(state: PhaseState) -> torch.Tensor:
     """[cos phi (C), sin phi (C), X (C), Y (C), Z (C)] -> [B, H, L, 5C], the part appended to keys."""
     sphere = state.sphere
-    return torch.cat(
-        (torch.cos(state.phi), torch.sin(state.phi), sphere[..., 0], sphere[..., 1], sphere[..., 2]), dim=-1
-    )
+    return torch.cat((state.cos_phi, state.sin_phi, sphere[..., 0], sphere[..., 1], sphere[..., 2]), dim=-1)
 
 
 def augment_query(

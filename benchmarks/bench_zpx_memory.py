@@ -1,0 +1,216 @@
+"""ZPX long-context memory and step-time benchmark (issue: ZPX foundation).
+
+1. Attention op, forward + backward, at L = 512 ... 4096: the seed-style materialised form
+   (`zpx_attention_eager`, [L, L, C] and [L, L, C, 3] tensors) vs the exact augmented-head-dim
+   SDPA form (`zpx_attention_sdpa`). Each point runs in a fresh subprocess; peak memory is the
+   growth of the process's peak RSS over its RSS just before the op (CPU), or
+   `torch.cuda.max_memory_allocated` on CUDA.
+2. One training step (forward + backward + AdamW) of `ZPXForCausalLM` vs `LlamaForCausalLM` of
+   the same size, both on SDPA.
+
+Usage:  python benchmarks/bench_zpx_memory.py [--lengths 512 1024 2048 4096] [--device cpu|cuda]
+Writes benchmarks/results/zpx_memory_<device>.md and .csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def attention_worker(path: str, length: int, device: str, heads: int, head_dim: int, channels: int) -> dict:
+    import torch
+
+    from zpx_hf.ops_zpx import (
+        phase_coordinates,
+        phase_key_features,
+        zpx_attention_eager,
+        zpx_attention_sdpa,
+    )
+
+    torch.manual_seed(0)
+    op = {"materialised": zpx_attention_eager, "sdpa": zpx_attention_sdpa}[path]
+    dtype = torch.float32
+
+    def make(*shape):
+        return torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)
+
+    q, k, v = make(1, heads, length, head_dim), make(1, heads, length, head_dim), make(1, heads, length, head_dim)
+    pre = [make(1, heads, length, channels) for _ in range(3)]
+
+    def step():
+        features = phase_key_features(phase_coordinates(*pre, 4.0))
+        out, _ = op(q, torch.cat((k, features), -1), v, features, None, True, head_dim**-0.5, 1.0, 1.0)
+        out.sum().backward()
+
+    step()  # warm-up (allocator, kernels)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = _rss_bytes()
+    start = time.perf_counter()
+    repeats = 3
+    for _ in range(repeats):
+        step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    return {"ms": (time.perf_counter() - start) / repeats * 1e3, "peak_mib": max(peak, 0) / 2**20}
+
+
+def step_worker(device: str, length: int, batch: int) -> dict:
+    """Llama and ZPX steps alternate in one process (fair under background load); median ms."""
+    import statistics
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from zpx_hf import ZPXConfig, ZPXForCausalLM
+
+    torch.manual_seed(0)
+    size = dict(vocab_size=260, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4)
+    llama_config = LlamaConfig(**size, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    zpx_config = ZPXConfig(**size, phase_channels=8, rotary="srpe")
+    models = {}
+    for name, cls, config in (("llama", LlamaForCausalLM, llama_config), ("zpx", ZPXForCausalLM, zpx_config)):
+        config._attn_implementation = "sdpa"
+        model = cls(config).to(device).train()
+        models[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+    ids = torch.randint(3, 260, (batch, length), device=device)
+
+    def step(name: str) -> float:
+        model, optimizer = models[name]
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - start) * 1e3
+
+    times: dict[str, list[float]] = {"llama": [], "zpx": []}
+    for repeat in range(12):
+        for name in ("llama", "zpx") if repeat % 2 == 0 else ("zpx", "llama"):
+            elapsed = step(name)
+            if repeat >= 2:  # first rounds are warm-up
+                times[name].append(elapsed)
+    return {
+        name: {"ms": statistics.median(values), "params": sum(p.numel() for p in models[name][0].parameters())}
+        for name, values in times.items()
+    }
+
+
+def run_worker(args: list[str]) -> dict:
+    completed = subprocess.run(
+        [sys.executable, __file__, "--worker", json.dumps(args)], capture_output=True, text=True, timeout=1800
+    )
+    if completed.returncode != 0:
+        return {"error": completed.stderr.strip().splitlines()[-1] if completed.stderr else "failed"}
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    parser.add_argument("--heads", type=int, default=2)
+    parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--channels", type=int, default=4)
+    parser.add_argument("--step-length", type=int, default=256)
+    parser.add_argument("--step-batch", type=int, default=8)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        spec = json.loads(args.worker)
+        result = attention_worker(*spec[1:]) if spec[0] == "attention" else step_worker(*spec[1:])
+        print(json.dumps(result))
+        return
+
+    rows = []
+    for length in args.lengths:
+        for path in ("materialised", "sdpa"):
+            result = run_worker(["attention", path, length, args.device, args.heads, args.head_dim, args.channels])
+            rows.append({"L": length, "path": path, **result})
+            print(rows[-1], flush=True)
+    steps = run_worker(["step", args.device, args.step_length, args.step_batch])
+    if "error" in steps:
+        steps = {"llama": steps, "zpx": steps}
+    print(steps, flush=True)
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS / f"zpx_memory_{args.device}"
+    with open(stem.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["L", "path", "ms", "peak_mib", "error"])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({key: row.get(key, "") for key in writer.fieldnames})
+
+    def cell(row: dict, key: str, fmt: str) -> str:
+        return format(row[key], fmt) if key in row else f"failed ({row.get('error', '?')[:40]})"
+
+    by = {(r["L"], r["path"]): r for r in rows}
+    lines = [
+        f"ZPX attention, forward + backward, B=1, H={args.heads}, d={args.head_dim}, C={args.channels}, fp32, "
+        f"causal, device={args.device} (`python benchmarks/bench_zpx_memory.py`).",
+        "",
+        "| L | materialised ms | materialised peak MiB | sdpa ms | sdpa peak MiB |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for length in args.lengths:
+        m, s = by[(length, "materialised")], by[(length, "sdpa")]
+        lines.append(
+            f"| {length} | {cell(m, 'ms', '.1f')} | {cell(m, 'peak_mib', '.0f')} | "
+            f"{cell(s, 'ms', '.1f')} | {cell(s, 'peak_mib', '.0f')} |"
+        )
+    llama, zpx = steps["llama"], steps["zpx"]
+    lines += [
+        "",
+        f"Training step (forward + backward + AdamW), hidden 256, 4 layers, 4 heads, B={args.step_batch}, "
+        f"L={args.step_length}, SDPA, device={args.device}:",
+        "",
+        "| model | params | median ms / step | ratio to Llama |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, result in (("LlamaForCausalLM", llama), ("ZPXForCausalLM (C=8, SRPE)", zpx)):
+        if "ms" in result:
+            ratio = result["ms"] / llama["ms"] if "ms" in llama else float("nan")
+            lines.append(f"| {name} | {result['params']:,} | {result['ms']:.1f} | {ratio:.2f}x |")
+        else:
+            lines.append(f"| {name} | - | failed ({result.get('error', '?')[:40]}) | - |")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+if __name__ == "__main__":
+    main()
