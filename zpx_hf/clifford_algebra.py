@@ -28,7 +28,7 @@ of commuting arguments multiply to exp(0) = 1.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import torch
 
@@ -171,7 +171,7 @@ class CliffordAlgebra:
         return torch.stack(rows_index), torch.stack(rows_sign)
 
 
-@lru_cache(maxsize=None)
+@cache
 def conformal_algebra() -> CliffordAlgebra:
     """Cl(4,1), the conformal geometric algebra used by Versor."""
     return CliffordAlgebra(4, 1, 0)
@@ -189,7 +189,7 @@ NUM_GRADES = 6
 # --------------------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=None)
+@cache
 def _matrix_basis() -> torch.Tensor:
     """E_A for every mask A as real/imag parts: float64 `[32, 2, 4, 4]`."""
     one = torch.eye(2, dtype=torch.complex128)
@@ -240,7 +240,7 @@ def matrix_geometric_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return from_matrix(complex_matmul(to_matrix(a), to_matrix(b)))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _reverse_conjugator() -> torch.Tensor:
     # ~M = C M^T C^-1 with C = E_{e2 e4}: transposition fixes e1, e3, e5 and negates e2, e4 (sy^T = -sy);
     # conjugation by e2 e4 negates exactly e2 and e4 back, so the composite fixes every generator and

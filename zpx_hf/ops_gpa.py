@@ -22,7 +22,7 @@ dot products over D. The paths:
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +42,7 @@ except ImportError:  # remote-code copies and CPU-only installs run the referenc
 NUM_FORMS = 1 + len(BIVECTOR_MASKS)  # scalar + 10 bivector coefficients
 
 
-@lru_cache(maxsize=None)
+@cache
 def _form_tables_cpu() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """index[m, A] = A xor C_m, sign[m, A] (key side), and sign[m, A xor C_m] (query side)."""
     index, sign = conformal_algebra().bilinear_forms(torch.tensor((0,) + BIVECTOR_MASKS))
