@@ -13,8 +13,10 @@ from transformers import (
 )
 
 from .configuration_pct import PCTConfig
+from .configuration_versor import VersorConfig
 from .configuration_zpx import ZPXConfig
 from .modeling_pct import PCTForCausalLM, PCTForSequenceClassification, PCTModel
+from .modeling_versor import VersorForCausalLM, VersorForSequenceClassification, VersorModel
 from .modeling_zpx import ZPXForCausalLM, ZPXForSequenceClassification, ZPXModel
 
 __version__ = "0.1.0"
@@ -22,6 +24,7 @@ __version__ = "0.1.0"
 FAMILIES = {
     "zpx": (ZPXConfig, ZPXModel, ZPXForCausalLM, ZPXForSequenceClassification),
     "pct": (PCTConfig, PCTModel, PCTForCausalLM, PCTForSequenceClassification),
+    "versor": (VersorConfig, VersorModel, VersorForCausalLM, VersorForSequenceClassification),
 }
 
 
@@ -48,5 +51,9 @@ __all__ = [
     "PCTModel",
     "PCTForCausalLM",
     "PCTForSequenceClassification",
+    "VersorConfig",
+    "VersorModel",
+    "VersorForCausalLM",
+    "VersorForSequenceClassification",
     "FAMILIES",
 ]
