@@ -93,8 +93,17 @@ class PCTAttention(nn.Module):
         return z.permute(0, 2, 3, 1, 4).reshape(batch, length, 2 * self.num_heads * self.head_dim)
 
     def attention_kernel(self) -> str:
-        if self.config._attn_implementation == "eager":
+        """HF's `attn_implementation`: "eager" forces the PyTorch reference; "sdpa" (HF's default) and
+        None defer to `config.attention_kernel` (auto: Triton on CUDA)."""
+        implementation = self.config._attn_implementation
+        if implementation == "eager":
             return "reference"
+        if implementation not in (None, "sdpa"):
+            raise ValueError(
+                f"`attn_implementation`={implementation!r} is not available for PCT (softmax kernels do not apply): "
+                "use 'eager' (PyTorch reference) or 'sdpa' (default; picks the Triton kernel on CUDA), and choose "
+                "the kernel with the config field `attention_kernel`."
+            )
         return self.config.attention_kernel
 
     def forward(
