@@ -167,7 +167,7 @@ def pct_attention_reference(
     gate_bias: torch.Tensor | float,
     key_padding_mask: torch.Tensor | None = None,
     causal: bool = True,
-    block_size: int = 512,
+    block_size: int = 256,
 ) -> torch.Tensor:
     """Sigmoid attention out_i = sum_j sigmoid(tau q_i.k_j + b) v_j over visible pairs (see module doc).
 
