@@ -216,6 +216,8 @@ if HAS_TRITON:
 
     _AUTOTUNE_KEY = ["BLOCK_D", "CAUSAL", "HAS_KPM"]
 
+    # Grids are (B*H, tiles): B*H on axis 0 because CUDA caps grid axes 1 and 2 at 65535.
+
     @triton.jit
     def _visible_tile(
         offs_m, offs_n, b, kpm_ptr, stride_kpm, l_q, l_k, offset, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr
@@ -237,8 +239,8 @@ if HAS_TRITON:
         CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):  # fmt: skip
-        pid_m = tl.program_id(0)
-        pid_bh = tl.program_id(1)
+        pid_bh = tl.program_id(0)
+        pid_m = tl.program_id(1)
         b = pid_bh // H
         h = pid_bh % H
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -281,8 +283,8 @@ if HAS_TRITON:
         BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):  # fmt: skip
         # Q, DO share strides (sq*); K, V, DK, DV share strides (sk*, sv*): the wrapper makes them contiguous.
-        pid_n = tl.program_id(0)
-        pid_bh = tl.program_id(1)
+        pid_bh = tl.program_id(0)
+        pid_n = tl.program_id(1)
         b = pid_bh // H
         h = pid_bh % H
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -327,8 +329,8 @@ if HAS_TRITON:
         BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):  # fmt: skip
         # DTAU/DBIAS: per (b h, query tile) partial sums of ds raw and ds, reduced by the wrapper.
-        pid_m = tl.program_id(0)
-        pid_bh = tl.program_id(1)
+        pid_bh = tl.program_id(0)
+        pid_m = tl.program_id(1)
         b = pid_bh // H
         h = pid_bh % H
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -386,7 +388,7 @@ if HAS_TRITON:
             meta = _launch_meta(q, causal, key_padding_mask)
 
             def grid(c):
-                return (triton.cdiv(l_q, c["BLOCK_M"]), batch * heads)
+                return (batch * heads, triton.cdiv(l_q, c["BLOCK_M"]))
 
             _pct_fwd_kernel[grid](
                 q, k, v, out, tau, bias, kpm, *q.stride(), *k.stride(), *v.stride(), *out.stride(), s_kpm,
@@ -410,7 +412,7 @@ if HAS_TRITON:
             sizes = (heads, l_q, l_k, dim, l_k - l_q)
 
             def grid_n(c):
-                return (triton.cdiv(l_k, c["BLOCK_N"]), batch * heads)
+                return (batch * heads, triton.cdiv(l_k, c["BLOCK_N"]))
 
             _pct_bwd_dkdv_kernel[grid_n](q, k, v, do, dk, dv, tau, bias, kpm, *common, *sizes, **meta)
 
@@ -419,7 +421,7 @@ if HAS_TRITON:
             dbias_part = torch.zeros_like(dtau_part)
 
             def grid_m(c):
-                return (triton.cdiv(l_q, c["BLOCK_M"]), batch * heads)
+                return (batch * heads, triton.cdiv(l_q, c["BLOCK_M"]))
 
             _pct_bwd_dq_kernel[grid_m](
                 q, k, v, do, dq, tau, bias, kpm, dtau_part, dbias_part, *common, dtau_part.stride(0), *sizes, **meta
