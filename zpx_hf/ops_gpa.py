@@ -89,10 +89,11 @@ def gpa_reference(
     """GPA as written. `attention_mask`: bool [B, 1|H, Lq, Lk] (True = attend). Returns (out, weights)."""
     _check_shapes(query, key, value)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    products = gpa_score_products(query.float(), key.float())
+    compute = torch.float64 if query.dtype == torch.float64 else torch.float32
+    products = gpa_score_products(query.to(compute), key.to(compute))
     scalar, bivector = products[..., 0], products[..., 1:]
     norm = torch.sqrt(bivector.pow(2).sum(-1) + eps)
-    scores = (scalar + gamma.float().view(1, -1, 1, 1) * norm) * scaling
+    scores = (scalar + gamma.to(compute).view(1, -1, 1, 1) * norm) * scaling
     q_len, k_len = query.shape[2], key.shape[2]
     if is_causal:
         causal = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)
