@@ -1,0 +1,139 @@
+"""Synthetic tasks (deterministic, exact labels and answer masks) and the embedded / local text corpora."""
+
+import json
+
+import pytest
+
+from zpx_hf.data_tasks import (
+    IGNORE_INDEX,
+    SEPARATOR,
+    load_documents,
+    mqar_examples,
+    pack_documents,
+    passkey_examples,
+    pydoc_documents,
+    selective_copy_examples,
+    split_documents,
+    task_dataset,
+    task_examples,
+    text_dataset,
+)
+from zpx_hf.tokenization_bytes import BOS_ID, EOS_ID, PAD_ID, ids_to_text
+
+
+def _answers(example):
+    return ids_to_text([t for t, m in zip(example["input_ids"], example["answer_mask"]) if m])
+
+
+def _check_layout(example, seq_len=None):
+    n = len(example["input_ids"])
+    assert all(len(example[k]) == n for k in ("attention_mask", "labels", "answer_mask"))
+    if seq_len is not None:
+        assert n == seq_len
+    assert example["input_ids"][0] == BOS_ID
+    for tok, att, lab, ans in zip(
+        example["input_ids"], example["attention_mask"], example["labels"], example["answer_mask"]
+    ):
+        assert lab == (tok if ans else IGNORE_INDEX)
+        if not att:
+            assert tok == PAD_ID and not ans
+    assert sum(example["answer_mask"]) > 0
+
+
+@pytest.mark.parametrize("task", ["mqar", "passkey", "selective_copy"])
+def test_tasks_are_deterministic_and_seed_dependent(task):
+    a = task_examples(task, 8, seed=3, seq_len=128)
+    b = task_examples(task, 8, seed=3, seq_len=128)
+    c = task_examples(task, 8, seed=4, seq_len=128)
+    assert a == b
+    assert a != c
+    for example in a:
+        _check_layout(example, 128)
+
+
+def test_mqar_answers_are_the_queried_values():
+    for example in mqar_examples(20, seed=0, num_pairs=6, num_queries=4):
+        _check_layout(example)
+        text = ids_to_text(example["input_ids"])
+        pairs, queries = text.split(SEPARATOR)
+        table = {pairs[i]: pairs[i + 1] for i in range(0, len(pairs), 2)}
+        assert len(table) == 6 and len(queries) == 8
+        assert _answers(example) == "".join(table[q] for q in queries[0::2])
+        assert "".join(queries[1::2]) == _answers(example)
+
+
+@pytest.mark.parametrize("length", [105, 257, 1024])
+def test_passkey_length_is_configurable_and_answer_is_the_key(length):
+    for example in passkey_examples(5, seed=1, seq_len=length):
+        _check_layout(example, length)
+        assert sum(example["attention_mask"]) == length
+        key = _answers(example)
+        assert len(key) == 5 and key.isdigit()
+        assert f"The pass key is {key}. Remember it." in ids_to_text(example["input_ids"])
+    padded = task_examples("passkey", 2, seed=1, seq_len=256, length=128)
+    assert all(sum(e["attention_mask"]) == 128 and len(e["input_ids"]) == 256 for e in padded)
+    with pytest.raises(ValueError, match="too short"):
+        passkey_examples(1, seed=0, seq_len=40)
+
+
+def test_selective_copy_answers_are_the_data_tokens_in_order():
+    for example in selective_copy_examples(20, seed=2, num_tokens=5, num_positions=20):
+        _check_layout(example)
+        noisy, copied = ids_to_text(example["input_ids"]).split(SEPARATOR)
+        assert len(noisy) == 20
+        assert noisy.replace(".", "") == copied == _answers(example)
+
+
+def test_task_too_long_for_seq_len_raises():
+    with pytest.raises(ValueError, match="seq_len"):
+        task_examples("mqar", 1, seed=0, seq_len=16, num_pairs=8)
+    with pytest.raises(ValueError, match="unknown task"):
+        task_examples("sorting", 1, seed=0, seq_len=16)
+
+
+def test_task_dataset_columns():
+    dataset = task_dataset("selective_copy", 4, seed=0, seq_len=64)
+    assert set(dataset.column_names) == {"input_ids", "attention_mask", "labels", "answer_mask", "task"}
+    assert len(dataset) == 4 and len(dataset[0]["input_ids"]) == 64
+
+
+def test_pydoc_corpus_split_is_deterministic_and_disjoint():
+    documents = pydoc_documents()
+    assert len(documents) > 50 and sum(map(len, documents)) > 100_000
+    train, heldout = split_documents(documents, 0.1, seed=0)
+    assert (train, heldout) == split_documents(documents, 0.1, seed=0)
+    assert not set(train) & set(heldout)
+    assert len(train) + len(heldout) == len(documents)
+    assert split_documents(documents, 0.1, seed=1)[1] != heldout
+    single_train, single_heldout = split_documents(["abcdefghij"], 0.3, seed=0)
+    assert single_train == ["abcdefg"] and single_heldout == ["hij"]
+
+
+def test_pack_documents_blocks():
+    blocks = pack_documents(["abc", "defgh"], seq_len=4)
+    assert blocks == [[BOS_ID, 101, 102, 103], [EOS_ID, BOS_ID, 104, 105], [106, 107, 108, EOS_ID]]
+    assert pack_documents(["abc", "defgh"], seq_len=5) == [
+        [BOS_ID, 101, 102, 103, EOS_ID],
+        [BOS_ID, 104, 105, 106, 107],
+    ]
+    dataset = text_dataset(["x" * 100], seq_len=32)
+    assert len(dataset) == 3 and dataset[0]["labels"] == dataset[0]["input_ids"]
+    with pytest.raises(ValueError, match="shorter than one block"):
+        text_dataset(["tiny"], seq_len=32)
+
+
+def test_local_text_and_jsonl_files_load_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    text_file = tmp_path / "corpus.txt"
+    text_file.write_text("First paragraph,\nstill first.\n\nSecond paragraph.\n\nThird.\n")
+    documents = load_documents(str(text_file))
+    assert len(documents) == 3 and documents[0].startswith("First paragraph,\nstill first.")
+    jsonl = tmp_path / "corpus.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"body": f"document {i}"}) for i in range(4)))
+    assert load_documents(str(jsonl), text_column="body") == [f"document {i}" for i in range(4)]
+    with pytest.raises(ValueError, match="data.text_column"):
+        load_documents(str(jsonl), text_column="text")
+    with pytest.raises(FileNotFoundError, match="data.text_source"):
+        load_documents(str(tmp_path / "missing.txt"))

@@ -1,0 +1,126 @@
+"""Config files: the shipped configs parse; bad keys, types and data paths fail before training, naming the key."""
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "training"))
+
+from train import ConfigError, DataArguments, ModelArguments, load_run_config  # noqa: E402
+from transformers import TrainingArguments  # noqa: E402
+
+MICRO = ROOT / "configs" / "test-micro.yaml"
+
+
+def _write(tmp_path, raw, name="config.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+def _micro(**changes):
+    raw = yaml.safe_load(MICRO.read_text())
+    for dotted, value in changes.items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return raw
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_shipped_configs_parse_and_build_their_model_config(name):
+    run = load_run_config(str(ROOT / "configs" / name))
+    assert run.model_config.model_type == run[ModelArguments].model_type
+    assert run.model_config.vocab_size >= 260
+
+
+def test_values_reach_the_dataclasses_and_cli_overrides_win(tmp_path):
+    path = _write(tmp_path, _micro())
+    run = load_run_config(path, ["--max_steps", "3", "--push_to_hub", "--hub_model_id", "me/zpx-micro"])
+    training = run[TrainingArguments]
+    assert training.max_steps == 3 and training.learning_rate == 3e-3  # YAML `3e-3` is a float
+    assert training.push_to_hub is True and training.hub_model_id == "me/zpx-micro"
+    assert run[DataArguments].tasks == ["mqar", "passkey", "selective_copy"]
+    assert run.model_config.hidden_size == 32 and run.model_config.phase_channels == 4
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"optimiser": "adam"}, "`optimiser`"),
+        ({"data.seq_length": 64}, "`data.seq_length`"),
+        ({"training.learning_rat": 0.1}, "`training.learning_rat`"),
+        ({"model.hiden_size": 64}, "`model.hiden_size`"),
+    ],
+)
+def test_unknown_keys_are_named(tmp_path, change, key):
+    with pytest.raises(ConfigError, match="unknown key " + key.replace(".", r"\.")):
+        load_run_config(_write(tmp_path, _micro(**change)))
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"data.seq_len": 64.5}, "data.seq_len"),
+        ({"data.tasks": "mqar"}, "data.tasks"),
+        ({"training.learning_rate": "fast"}, "training.learning_rate"),
+        ({"training.max_steps": "10"}, "training.max_steps"),
+        ({"training.push_to_hub": "yes"}, "training.push_to_hub"),
+        ({"model.hidden_size": "big"}, "hidden_size"),
+        ({"model.rotary": "alibi"}, "rotary"),
+        ({"model_type": 3}, "model_type"),
+    ],
+)
+def test_wrong_types_are_named(tmp_path, change, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_run_config(_write(tmp_path, _micro(**change)))
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"data.text_source": "/nonexistent/corpus.txt"}, "data.text_source"),
+        ({"data.tasks": ["mqar", "sorting"]}, "data.tasks"),
+        ({"data.mqar_num_pairs": 40}, "data.mqar_num_pairs"),
+        ({"data.passkey_length": 64}, "data.passkey_length"),
+        ({"data.heldout_fraction": 1.5}, "data.heldout_fraction"),
+        ({"model.vocab_size": 100}, "model.vocab_size"),
+        ({"model_type": "no-such-family"}, "model_type"),
+        ({"training.eval_strategy": "sometimes"}, "sometimes"),
+    ],
+)
+def test_bad_values_and_missing_paths_are_named(tmp_path, change, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_run_config(_write(tmp_path, _micro(**change)))
+
+
+def test_missing_model_type_and_bad_layout(tmp_path):
+    raw = _micro()
+    del raw["model_type"]
+    with pytest.raises(ConfigError, match="`model_type` is missing"):
+        load_run_config(_write(tmp_path, raw))
+    with pytest.raises(ConfigError, match="`data` must be a mapping"):
+        load_run_config(_write(tmp_path, {**copy.deepcopy(_micro()), "data": ["mqar"]}))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_run_config(str(tmp_path / "nope.yaml"))
+
+
+def test_cli_fails_before_training_with_the_key_in_the_message(tmp_path):
+    output_dir = tmp_path / "out"
+    path = _write(tmp_path, _micro(**{"data.text_source": str(tmp_path / "missing.txt")}))
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "training" / "train.py"), path, "--output_dir", str(output_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "config error" in result.stderr and "`data.text_source`" in result.stderr
+    assert not output_dir.exists()
