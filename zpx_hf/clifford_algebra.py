@@ -32,6 +32,10 @@ from functools import cache
 
 import torch
 
+# Tables are built on the CPU explicitly: the first use may happen under a `torch.device("meta")` context
+# (HF builds models on the meta device in `from_pretrained`), and cached tables must hold real values.
+_CPU = torch.device("cpu")
+
 # --------------------------------------------------------------------------------------------------
 # Tables from bitmasks
 # --------------------------------------------------------------------------------------------------
@@ -82,10 +86,13 @@ class CliffordAlgebra:
         self.dim = 1 << self.n
         self.squares = generator_squares(p, q, r)
         masks = range(self.dim)
-        self.grades = torch.tensor([blade_grade(a) for a in masks], dtype=torch.long)
-        self.reverse_signs = torch.tensor([(-1) ** (g * (g - 1) // 2) for g in self.grades.tolist()])
-        self.product_index = torch.tensor([[a ^ b for b in masks] for a in masks], dtype=torch.long)
-        self.product_sign = torch.tensor([[blade_product_sign(a, b, self.squares) for b in masks] for a in masks])
+        self.grades = torch.tensor([blade_grade(a) for a in masks], dtype=torch.long, device=_CPU)
+        self.reverse_signs = torch.tensor([(-1) ** (g * (g - 1) // 2) for g in self.grades.tolist()], device=_CPU)
+        self.product_index = torch.tensor([[a ^ b for b in masks] for a in masks], dtype=torch.long, device=_CPU)
+        self.product_sign = torch.tensor(
+            [[blade_product_sign(a, b, self.squares) for b in masks] for a in masks], device=_CPU
+        )
+        self.grade_onehot = (self.grades[:, None] == torch.arange(self.n + 1, device=_CPU)[None, :]).float()
         g = self.grades
         ga, gb, gc = g[:, None], g[None, :], g[self.product_index]
         self.outer_mask = gc == ga + gb  # A and B disjoint
@@ -96,7 +103,7 @@ class CliffordAlgebra:
         self._gather_index = self.product_index  # [a, c] -> a xor c (symmetric in meaning)
         self._gather_sign = torch.stack([self.product_sign[a, self.product_index[a]] for a in masks])
         self._gather_masks = {
-            "geometric": torch.ones(self.dim, self.dim, dtype=torch.bool),
+            "geometric": torch.ones(self.dim, self.dim, dtype=torch.bool, device=_CPU),
             "outer": torch.stack([self.outer_mask[a, self.product_index[a]] for a in masks]),
             "left_contraction": torch.stack([self.left_contraction_mask[a, self.product_index[a]] for a in masks]),
             "inner": torch.stack([self.inner_mask[a, self.product_index[a]] for a in masks]),
@@ -105,6 +112,14 @@ class CliffordAlgebra:
 
     def blades_of_grade(self, grade: int) -> torch.Tensor:
         return torch.nonzero(self.grades == grade).flatten()
+
+    def table(self, name: str, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A per-blade table (`grades`, `grade_onehot`, `reverse_signs`, ...) on `device`, cached."""
+        key = (name, device, dtype)
+        if key not in self._cache:
+            value = getattr(self, name)
+            self._cache[key] = value.to(device=device, dtype=dtype or value.dtype)
+        return self._cache[key]
 
     def _signed_table(self, kind: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         key = (kind, device, dtype)
@@ -162,9 +177,10 @@ class CliffordAlgebra:
         """
         rows_index, rows_sign = [], []
         for c in blades.tolist():
-            index = torch.tensor([a ^ c for a in range(self.dim)])
+            index = torch.tensor([a ^ c for a in range(self.dim)], device=_CPU)
             sign = torch.tensor(
-                [blade_product_sign(a, a ^ c, self.squares) * int(self.reverse_signs[a ^ c]) for a in range(self.dim)]
+                [blade_product_sign(a, a ^ c, self.squares) * int(self.reverse_signs[a ^ c]) for a in range(self.dim)],
+                device=_CPU,
             )
             rows_index.append(index)
             rows_sign.append(sign)
@@ -192,10 +208,10 @@ NUM_GRADES = 6
 @cache
 def _matrix_basis() -> torch.Tensor:
     """E_A for every mask A as real/imag parts: float64 `[32, 2, 4, 4]`."""
-    one = torch.eye(2, dtype=torch.complex128)
-    sx = torch.tensor([[0, 1], [1, 0]], dtype=torch.complex128)
-    sy = torch.tensor([[0, -1j], [1j, 0]], dtype=torch.complex128)
-    sz = torch.tensor([[1, 0], [0, -1]], dtype=torch.complex128)
+    one = torch.eye(2, dtype=torch.complex128, device=_CPU)
+    sx = torch.tensor([[0, 1], [1, 0]], dtype=torch.complex128, device=_CPU)
+    sy = torch.tensor([[0, -1j], [1j, 0]], dtype=torch.complex128, device=_CPU)
+    sz = torch.tensor([[1, 0], [0, -1]], dtype=torch.complex128, device=_CPU)
     generators = [
         torch.kron(sx, one),
         torch.kron(sy, one),
@@ -205,7 +221,7 @@ def _matrix_basis() -> torch.Tensor:
     ]
     basis = []
     for mask in range(NUM_BLADES):
-        m = torch.eye(4, dtype=torch.complex128)
+        m = torch.eye(4, dtype=torch.complex128, device=_CPU)
         for bit in range(5):
             if mask >> bit & 1:
                 m = m @ generators[bit]

@@ -115,10 +115,9 @@ class VersorLinear(nn.Module):
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.weight = nn.Parameter(torch.empty(NUM_GRADES, out_channels, in_channels))
-        self.register_buffer("blade_grades", conformal_algebra().grades.clone(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight[self.blade_grades]  # [32, out, in]
+        weight = self.weight[conformal_algebra().table("grades", x.device)]  # [32, out, in]
         return torch.einsum("...ia,aoi->...oa", x, weight.to(x.dtype))
 
     def extra_repr(self) -> str:
@@ -133,15 +132,14 @@ class VersorNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(channels, NUM_GRADES))
         self.variance_epsilon = eps
-        grades = conformal_algebra().grades
-        self.register_buffer("grade_onehot", F.one_hot(grades, NUM_GRADES).float(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         input_dtype = x.dtype
         x = x.float()
-        per_grade = (x.pow(2) @ self.grade_onehot).mean(-2, keepdim=True)  # [..., 1, 6]
-        scale = torch.rsqrt(per_grade + self.variance_epsilon) * self.weight  # [..., C, 6]
-        return (x * (scale @ self.grade_onehot.T)).to(input_dtype)
+        onehot = conformal_algebra().table("grade_onehot", x.device)  # [32, 6]
+        per_grade = (x.pow(2) @ onehot).mean(-2, keepdim=True)  # [..., 1, 6]
+        scale = torch.rsqrt(per_grade + self.variance_epsilon) * self.weight.float()  # [..., C, 6]
+        return (x * (scale @ onehot.T)).to(input_dtype)
 
 
 class VersorMLP(nn.Module):

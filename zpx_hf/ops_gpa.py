@@ -45,7 +45,7 @@ NUM_FORMS = 1 + len(BIVECTOR_MASKS)  # scalar + 10 bivector coefficients
 @cache
 def _form_tables_cpu() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """index[m, A] = A xor C_m, sign[m, A] (key side), and sign[m, A xor C_m] (query side)."""
-    index, sign = conformal_algebra().bilinear_forms(torch.tensor((0,) + BIVECTOR_MASKS))
+    index, sign = conformal_algebra().bilinear_forms(torch.tensor((0,) + BIVECTOR_MASKS, device="cpu"))
     query_sign = torch.gather(sign, 1, index)
     return index, sign.float(), query_sign.float()
 
