@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.loss.loss_utils import ForCausalLMLoss
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassifierOutputWithPast
 
 try:  # transformers >= 5: init helpers that respect weights already loaded by `from_pretrained`
     from transformers import initialization as hf_init
@@ -242,6 +242,163 @@ class GeometricPreTrainedModel(PreTrainedModel):
         if self.remote_code_auto_map:
             self.config.auto_map = dict(self.remote_code_auto_map)
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+
+class ForCausalLMHead:
+    """Causal-LM head shared by every family (HF's `Generic*` pattern); a family declares
+    `class XForCausalLM(ForCausalLMHead, XPreTrainedModel, GenerationMixin)` and sets `backbone_class`.
+
+    `self.model` is the backbone; its outputs have `feature_size` real features per token, which
+    `lm_head` maps to the vocabulary. Families with an auxiliary objective (ZPX's centre term)
+    override `auxiliary_loss` and `extra_outputs`; keyword arguments the head does not know
+    (e.g. `output_phases`) go to the backbone.
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    backbone_class: type[PreTrainedModel]
+    output_class: type = CausalLMOutputWithPast
+
+    def __init__(self, config: Any) -> None:
+        if not config.causal:
+            raise ValueError(f"config field `causal`=False is invalid for {type(self).__name__}: set causal=True.")
+        super().__init__(config)
+        self.model = self.backbone_class(config)
+        self.lm_head = nn.Linear(self.model.feature_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def auxiliary_loss(self, outputs: Any) -> torch.Tensor | None:
+        """Extra training objective added to the task loss (none by default)."""
+        return None
+
+    def extra_outputs(self, outputs: Any) -> dict[str, Any]:
+        """Backbone output fields copied into the head's output (none by default)."""
+        return {}
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs: Any,
+    ) -> Any:
+        past_key_values = pop_cache_kwarg(past_key_values, kwargs)
+        loss_kwargs = {key: kwargs.pop(key) for key in ("num_items_in_batch", "ignore_index") if key in kwargs}
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden_states = hidden_states[:, -logits_to_keep:]
+        elif isinstance(logits_to_keep, torch.Tensor):
+            hidden_states = hidden_states[:, logits_to_keep]
+        logits = self.lm_head(hidden_states)
+
+        loss = None
+        if labels is not None:
+            loss = causal_lm_loss(logits, labels, **loss_kwargs)
+            auxiliary = self.auxiliary_loss(outputs)
+            if auxiliary is not None:
+                loss = loss + auxiliary
+        output = self.output_class(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            **self.extra_outputs(outputs),
+            **{CACHE_FIELD: outputs.get(CACHE_FIELD)},
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class ForSequenceClassificationHead:
+    """Sequence-classification head shared by every family: a linear `score` on the features of the
+    last real token (see `pool_last_token`), HF's regression / single- / multi-label losses."""
+
+    backbone_class: type[PreTrainedModel]
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = self.backbone_class(config)
+        self.score = nn.Linear(self.model.feature_size, config.num_labels, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.embed_tokens = value
+
+    def auxiliary_loss(self, outputs: Any) -> torch.Tensor | None:
+        return None
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> SequenceClassifierOutputWithPast | tuple:
+        kwargs.pop("num_items_in_batch", None)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=False,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        pooled = pool_last_token(outputs.last_hidden_state, input_ids, attention_mask, self.config.pad_token_id)
+        logits = self.score(pooled)
+        loss = None
+        if labels is not None:
+            loss = sequence_classification_loss(logits, labels, self.config)
+            auxiliary = self.auxiliary_loss(outputs)
+            if auxiliary is not None:
+                loss = loss + auxiliary
+        output = SequenceClassifierOutputWithPast(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
 
 
 def init_bias_log_context(length: int) -> float:

@@ -19,22 +19,20 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
-    SequenceClassifierOutputWithPast,
 )
 
 from .configuration_zpx import ZPXConfig
 from .modeling_blocks import (
     CACHE_FIELD,
+    ForCausalLMHead,
+    ForSequenceClassificationHead,
     GeometricPreTrainedModel,
     RMSNorm,
     SwiGLUMLP,
     build_attention_mask,
-    causal_lm_loss,
     check_inputs,
     default_position_ids,
-    pool_last_token,
     pop_cache_kwarg,
-    sequence_classification_loss,
     uses_is_causal,
 )
 from .ops_zpx import (
@@ -201,6 +199,7 @@ class ZPXModel(ZPXPreTrainedModel):
         self.layers = nn.ModuleList([ZPXDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = build_rotary(config)
+        self.feature_size = config.hidden_size
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -291,134 +290,32 @@ class ZPXModel(ZPXPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class ZPXForCausalLM(ZPXPreTrainedModel, GenerationMixin):
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+class ZPXForCausalLM(ForCausalLMHead, ZPXPreTrainedModel, GenerationMixin):
+    """LM head on `ZPXModel`; `loss` = next-token CE + `center_loss_weight * center_loss`."""
 
-    def __init__(self, config: ZPXConfig) -> None:
-        if not config.causal:
-            raise ValueError("config field `causal`=False is invalid for ZPXForCausalLM: set causal=True.")
-        super().__init__(config)
-        self.model = ZPXModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
+    backbone_class = ZPXModel
+    output_class = ZPXCausalLMOutputWithPast
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
+    def auxiliary_loss(self, outputs: ZPXModelOutputWithPast) -> torch.Tensor | None:
+        return _weighted_center_loss(self.config, outputs)
 
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head = value
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_phases: bool | None = None,
-        return_dict: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
-        **kwargs: Any,
-    ) -> ZPXCausalLMOutputWithPast | tuple:
-        past_key_values = pop_cache_kwarg(past_key_values, kwargs)
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            output_phases=output_phases,
-            return_dict=True,
-        )
-        hidden_states = outputs.last_hidden_state
-        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
-            hidden_states = hidden_states[:, -logits_to_keep:]
-        elif isinstance(logits_to_keep, torch.Tensor):
-            hidden_states = hidden_states[:, logits_to_keep]
-        logits = self.lm_head(hidden_states)
-
-        loss = None
-        if labels is not None:
-            loss = causal_lm_loss(logits, labels, **kwargs)
-            if self.config.center_loss_weight > 0:
-                loss = loss + self.config.center_loss_weight * outputs.center_loss
-
-        output = ZPXCausalLMOutputWithPast(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            phases=outputs.phases,
-            center_loss=outputs.center_loss,
-            **{CACHE_FIELD: outputs[CACHE_FIELD] if CACHE_FIELD in outputs else None},
-        )
-        return output if return_dict else output.to_tuple()
+    def extra_outputs(self, outputs: ZPXModelOutputWithPast) -> dict[str, Any]:
+        return {"phases": outputs.phases, "center_loss": outputs.center_loss}
 
 
-class ZPXForSequenceClassification(ZPXPreTrainedModel):
-    """Classifies from the last real token's features (causal) or the same token of an encoder."""
+class ZPXForSequenceClassification(ForSequenceClassificationHead, ZPXPreTrainedModel):
+    """Classifies from the last real token's features; adds the weighted centre term to the loss."""
 
-    def __init__(self, config: ZPXConfig) -> None:
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.model = ZPXModel(config)
-        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
-        self.post_init()
+    backbone_class = ZPXModel
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
+    def auxiliary_loss(self, outputs: ZPXModelOutputWithPast) -> torch.Tensor | None:
+        return _weighted_center_loss(self.config, outputs)
 
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.embed_tokens = value
 
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs: Any,
-    ) -> SequenceClassifierOutputWithPast | tuple:
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            use_cache=False,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        pooled = pool_last_token(outputs.last_hidden_state, input_ids, attention_mask, self.config.pad_token_id)
-        logits = self.score(pooled)
-        loss = None
-        if labels is not None:
-            loss = sequence_classification_loss(logits, labels, self.config)
-            if self.config.center_loss_weight > 0:
-                loss = loss + self.config.center_loss_weight * outputs.center_loss
-        output = SequenceClassifierOutputWithPast(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if return_dict else output.to_tuple()
+def _weighted_center_loss(config: ZPXConfig, outputs: ZPXModelOutputWithPast) -> torch.Tensor | None:
+    if config.center_loss_weight > 0:
+        return config.center_loss_weight * outputs.center_loss
+    return None
 
 
 __all__ = [
