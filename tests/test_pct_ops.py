@@ -1,5 +1,8 @@
 """PCT sigmoid attention ops: chunked reference and Triton kernel (interpreter on CPU) vs float64 formula."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -196,3 +199,22 @@ def test_triton_cuda_half_precision(dtype, length):
     mask, grad = mask.cuda(), grad.cuda()
     reference = run(pct_attention_reference, inputs, mask, grad, True)
     assert_all_close(run(pct_attention, inputs, mask, grad, True), reference, atol=0, rtol=2e-2)
+
+
+def test_ops_module_imports_and_runs_without_triton():
+    script = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch\n"
+        "from zpx_hf import ops_pct\n"
+        "assert not ops_pct.HAS_TRITON\n"
+        "q = torch.randn(1, 1, 3, 4)\n"
+        "out = ops_pct.pct_attention(q, q, q, 1.0, 0.0)\n"
+        "try:\n"
+        "    ops_pct.pct_attention(q, q, q, 1.0, 0.0, implementation='triton')\n"
+        "except RuntimeError as error:\n"
+        "    assert 'triton' in str(error)\n"
+        "else:\n"
+        "    raise SystemExit('expected an error')\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr

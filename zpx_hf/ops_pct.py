@@ -89,11 +89,14 @@ def _visible(
 
 
 def _tile_gates(q, k, tau, bias, mask) -> tuple[torch.Tensor, torch.Tensor]:
-    """raw = q k^T and a = sigmoid(tau raw + b) masked to exactly 0, float32 [B, H, M, N]."""
+    """raw = q k^T and a = sigmoid(tau raw + b), masked to exactly 0.
+
+    q [..., M, D], k [..., N, D]; tau, bias broadcast against [..., M, N]; mask [B|1, 1, M, N] or None.
+    """
     raw = q @ k.transpose(-1, -2)
-    gate = torch.sigmoid(tau[:, None, None] * raw + bias[:, None, None])
-    if mask is not None:
-        gate = gate.masked_fill(~mask, 0.0)
+    gate = torch.addcmul(bias, raw, tau).sigmoid_()
+    if mask is not None:  # batch-major rows: [B|1, rest, M, N] lines up with the mask
+        gate.view(mask.shape[0], -1, *gate.shape[-2:]).masked_fill_(~mask, 0.0)
     return raw, gate
 
 
@@ -108,51 +111,55 @@ def _tiles(l_q: int, l_k: int, causal: bool, block: int):
 
 
 class _PCTAttentionReference(torch.autograd.Function):
+    """Tiles over [B*H, L, D] views; the backward recomputes each tile's gates instead of storing them."""
+
     @staticmethod
     def forward(ctx, query, key, value, tau, bias, key_padding_mask, causal, block):
-        l_q, l_k = query.shape[2], key.shape[2]
+        batch, heads, l_q, dim = query.shape
+        l_k = key.shape[2]
         offset = l_k - l_q
         acc = torch.promote_types(query.dtype, torch.float32)  # float32 accumulation (float64 stays float64)
-        q, k, v = query.to(acc), key.to(acc), value.to(acc)
-        tau, bias = tau.to(acc), bias.to(acc)
+        q, k, v = (t.to(acc).reshape(batch * heads, -1, dim) for t in (query, key, value))
+        tau_bh, bias_bh = (t.to(acc).repeat(batch)[:, None, None] for t in (tau, bias))  # [B*H, 1, 1]
         out = torch.zeros_like(q)
         for qs, qe, ks, ke in _tiles(l_q, l_k, causal, block):
             mask = _visible(qs, qe, ks, ke, offset, causal, key_padding_mask, q.device)
-            _, gate = _tile_gates(q[:, :, qs:qe], k[:, :, ks:ke], tau, bias, mask)
-            out[:, :, qs:qe] += gate @ v[:, :, ks:ke]
+            _, gate = _tile_gates(q[:, qs:qe], k[:, ks:ke], tau_bh, bias_bh, mask)
+            out[:, qs:qe].baddbmm_(gate, v[:, ks:ke])
         ctx.save_for_backward(query, key, value, tau, bias, key_padding_mask)
         ctx.causal, ctx.block = causal, block
-        return out.to(query.dtype)
+        return out.view(batch, heads, l_q, dim).to(query.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
         query, key, value, tau, bias, key_padding_mask = ctx.saved_tensors
-        l_q, l_k = query.shape[2], key.shape[2]
+        batch, heads, l_q, dim = query.shape
+        l_k = key.shape[2]
         offset = l_k - l_q
         acc = torch.promote_types(query.dtype, torch.float32)
-        q, k, v, do = query.to(acc), key.to(acc), value.to(acc), grad_out.to(acc)
-        tau_in, bias_in = tau, bias
-        tau, bias = tau.to(acc), bias.to(acc)
+        q, k, v, do = (t.to(acc).reshape(batch * heads, -1, dim) for t in (query, key, value, grad_out))
+        tau_bh, bias_bh = (t.to(acc).repeat(batch)[:, None, None] for t in (tau, bias))
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        dtau = torch.zeros_like(tau)
-        dbias = torch.zeros_like(bias)
+        dtau = q.new_zeros(batch * heads)
+        dbias = q.new_zeros(batch * heads)
         for qs, qe, ks, ke in _tiles(l_q, l_k, ctx.causal, ctx.block):
             mask = _visible(qs, qe, ks, ke, offset, ctx.causal, key_padding_mask, q.device)
-            q_t, k_t, v_t, do_t = q[:, :, qs:qe], k[:, :, ks:ke], v[:, :, ks:ke], do[:, :, qs:qe]
-            raw, gate = _tile_gates(q_t, k_t, tau, bias, mask)
-            dv[:, :, ks:ke] += gate.transpose(-1, -2) @ do_t
-            ds = (do_t @ v_t.transpose(-1, -2)) * gate * (1.0 - gate)  # masked pairs: gate = 0 -> ds = 0
-            dq[:, :, qs:qe] += ds @ k_t
-            dk[:, :, ks:ke] += ds.transpose(-1, -2) @ q_t
-            dtau += (ds * raw).sum(dim=(0, 2, 3))
-            dbias += ds.sum(dim=(0, 2, 3))
-        scale = tau[:, None, None]
+            q_t, k_t, v_t, do_t = q[:, qs:qe], k[:, ks:ke], v[:, ks:ke], do[:, qs:qe]
+            raw, gate = _tile_gates(q_t, k_t, tau_bh, bias_bh, mask)
+            dv[:, ks:ke].baddbmm_(gate.transpose(1, 2), do_t)
+            ds = torch.bmm(do_t, v_t.transpose(1, 2)).mul_(gate)  # dP a
+            ds = torch.addcmul(ds, ds, gate, value=-1.0)  # dP a (1 - a); masked pairs: a = 0 -> 0
+            dq[:, qs:qe].baddbmm_(ds, k_t)
+            dk[:, ks:ke].baddbmm_(ds.transpose(1, 2), q_t)
+            dtau += torch.einsum("bmn,bmn->b", ds, raw)
+            dbias += ds.sum(dim=(1, 2))
+        shape = (batch, heads, -1, dim)
         return (
-            (dq * scale).to(query.dtype),
-            (dk * scale).to(key.dtype),
-            dv.to(value.dtype),
-            dtau.to(tau_in.dtype),
-            dbias.to(bias_in.dtype),
+            dq.mul_(tau_bh).view(shape).to(query.dtype),
+            dk.mul_(tau_bh).view(shape).to(key.dtype),
+            dv.view(shape).to(value.dtype),
+            dtau.view(batch, heads).sum(0).to(tau.dtype),
+            dbias.view(batch, heads).sum(0).to(bias.dtype),
             None,
             None,
             None,
@@ -200,7 +207,7 @@ def pct_attention_weights(
         key_padding_mask = key_padding_mask.to(device=query.device, dtype=torch.bool)
     mask = _visible(0, l_q, 0, l_k, l_k - l_q, causal, key_padding_mask, query.device)
     acc = torch.promote_types(query.dtype, torch.float32)
-    return _tile_gates(query.to(acc), key.to(acc), tau.to(acc), bias.to(acc), mask)[1]
+    return _tile_gates(query.to(acc), key.to(acc), tau.to(acc)[:, None, None], bias.to(acc)[:, None, None], mask)[1]
 
 
 if HAS_TRITON:
