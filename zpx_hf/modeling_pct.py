@@ -24,24 +24,19 @@ from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import (
-    BaseModelOutputWithPast,
-    CausalLMOutputWithPast,
-    SequenceClassifierOutputWithPast,
-)
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from .configuration_pct import PCTConfig
 from .modeling_blocks import (
     CACHE_FIELD,
+    ForCausalLMHead,
+    ForSequenceClassificationHead,
     GeometricPreTrainedModel,
-    causal_lm_loss,
     check_inputs,
     default_position_ids,
     hf_init,
     init_bias_log_context,
-    pool_last_token,
     pop_cache_kwarg,
-    sequence_classification_loss,
 )
 from .modeling_complex import ComplexEmbedding, ComplexLinear, ComplexRMSNorm, ModReLU, complex_rotate
 from .ops_pct import pct_attention, pct_attention_weights
@@ -218,6 +213,7 @@ class PCTModel(PCTPreTrainedModel):
         self.embed_tokens = ComplexEmbedding(config.vocab_size, config.hidden_size, self.padding_idx)
         self.layers = nn.ModuleList([PCTDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = ComplexRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.feature_size = 2 * config.hidden_size  # real features per token read by the heads: [re | im]
         self.rotary_emb = None
         if config.rotary != "none":
             # One rotary pair per complex feature: the real head dim is 2d.
@@ -313,123 +309,16 @@ class PCTModel(PCTPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class PCTForCausalLM(PCTPreTrainedModel, GenerationMixin):
+class PCTForCausalLM(ForCausalLMHead, PCTPreTrainedModel, GenerationMixin):
     """LM head: a real linear map on the final complex state's [re | im] (logit_v = Re <z, w_v>)."""
 
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
-
-    def __init__(self, config: PCTConfig) -> None:
-        if not config.causal:
-            raise ValueError("config field `causal`=False is invalid for PCTForCausalLM: set causal=True.")
-        super().__init__(config)
-        self.model = PCTModel(config)
-        self.lm_head = nn.Linear(2 * config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head = value
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
-        **kwargs: Any,
-    ) -> CausalLMOutputWithPast | tuple:
-        past_key_values = pop_cache_kwarg(past_key_values, kwargs)
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        hidden_states = outputs.last_hidden_state
-        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
-            hidden_states = hidden_states[:, -logits_to_keep:]
-        elif isinstance(logits_to_keep, torch.Tensor):
-            hidden_states = hidden_states[:, logits_to_keep]
-        logits = self.lm_head(hidden_states)
-
-        loss = causal_lm_loss(logits, labels, **kwargs) if labels is not None else None
-        output = CausalLMOutputWithPast(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            **{CACHE_FIELD: outputs[CACHE_FIELD] if CACHE_FIELD in outputs else None},
-        )
-        return output if return_dict else output.to_tuple()
+    backbone_class = PCTModel
 
 
-class PCTForSequenceClassification(PCTPreTrainedModel):
+class PCTForSequenceClassification(ForSequenceClassificationHead, PCTPreTrainedModel):
     """Classifies from the last real token's [re | im] features with a real linear `score` head."""
 
-    def __init__(self, config: PCTConfig) -> None:
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.model = PCTModel(config)
-        self.score = nn.Linear(2 * config.hidden_size, config.num_labels, bias=False)
-        self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.embed_tokens = value
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs: Any,
-    ) -> SequenceClassifierOutputWithPast | tuple:
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            use_cache=False,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        pooled = pool_last_token(outputs.last_hidden_state, input_ids, attention_mask, self.config.pad_token_id)
-        logits = self.score(pooled)
-        loss = sequence_classification_loss(logits, labels, self.config) if labels is not None else None
-        output = SequenceClassifierOutputWithPast(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if return_dict else output.to_tuple()
+    backbone_class = PCTModel
 
 
 __all__ = [
