@@ -1,0 +1,187 @@
+"""End-to-end training with Trainer on the micro config: checkpoint contents, offline reload without zpx_hf,
+local data files, exact resume, and push_to_hub (against an in-process fake of the Hub API)."""
+
+import fnmatch
+import json
+import shutil
+import subprocess
+import sys
+from concurrent.futures import Future
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "training"))
+
+from train import load_run_config, run_training  # noqa: E402
+
+MICRO = str(ROOT / "configs" / "test-micro.yaml")
+
+RELOAD_WITHOUT_PACKAGE = """
+import sys, json, torch
+sys.modules["zpx_hf"] = None  # any import of the package fails: only the checkpoint's code can be used
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+ids = tokenizer("The if statement", return_tensors="pt")
+with torch.no_grad():
+    logits = model(**ids).logits
+out = model.generate(**ids, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+result = {"module": type(model).__module__, "logits": logits[0, -1].tolist(), "new": out.shape[1] - ids.input_ids.shape[1]}
+with open(sys.argv[2], "w") as f:
+    json.dump(result, f)
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("run") / "micro"
+    result = run_training(load_run_config(MICRO, ["--output_dir", str(output_dir)]))
+    return result
+
+
+def test_checkpoint_is_self_contained_with_tokenizer_card_and_report(trained):
+    out = Path(trained["output_dir"])
+    names = {p.name for p in out.iterdir()}
+    assert {"model.safetensors", "config.json", "modeling_zpx.py", "configuration_zpx.py"} <= names
+    assert {"tokenizer.json", "tokenizer_config.json", "README.md"} <= names
+    assert {"metrics.json", "report.md", "loss_curve.png"} <= names
+    assert not list(out.rglob("*.bin")) or all(p.name == "training_args.bin" for p in out.rglob("*.bin"))
+    config = json.loads((out / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_zpx.ZPXForCausalLM"
+    checkpoint = out / "checkpoint-8"
+    assert (checkpoint / "model.safetensors").exists() and (checkpoint / "tokenizer.json").exists()
+
+    card = (out / "README.md").read_text()
+    header = card.split("---")[1]
+    for line in ("library_name: transformers", "license: apache-2.0", "- zpx", "- cpython-pydoc-topics", "- perplexity"):
+        assert line in header
+    metrics = json.loads((out / "metrics.json").read_text())["metrics"]
+    assert f"{metrics['heldout']['perplexity']:.3f}" in card
+    assert set(metrics["tasks"]) == {"mqar", "passkey", "selective_copy"}
+    assert 1.0 < metrics["heldout"]["perplexity"] < 260.0
+    assert "${" not in card and "loss_curve.png" in (out / "report.md").read_text()
+    assert (out / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    losses = [e["loss"] for e in trained["trainer"].state.log_history if "loss" in e]
+    assert losses[-1] < losses[0]
+
+
+def test_checkpoint_reloads_offline_without_zpx_hf(trained):
+    out = trained["output_dir"]
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path(out).parent)}
+    report = Path(out).parent / "reload.json"
+    result = subprocess.run(
+        [sys.executable, "-c", RELOAD_WITHOUT_PACKAGE, out, str(report)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    reloaded = json.loads(report.read_text())
+    assert "zpx_hf" not in reloaded["module"] and reloaded["new"] == 8
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    model = trained["trainer"].model.eval()
+    with torch.no_grad():
+        expected = model(**tokenizer("The if statement", return_tensors="pt")).logits[0, -1]
+    torch.testing.assert_close(torch.tensor(reloaded["logits"]), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_local_text_file_as_training_data(tmp_path):
+    corpus = tmp_path / "notes.txt"
+    corpus.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog." * 3 for i in range(40)))
+    config = (ROOT / "configs" / "test-micro.yaml").read_text().replace("text_source: pydoc", f"text_source: {corpus}")
+    path = tmp_path / "local.yaml"
+    path.write_text(config)
+    result = run_training(
+        load_run_config(str(path), ["--output_dir", str(tmp_path / "out"), "--max_steps", "2", "--tasks", "mqar"])
+    )
+    assert result["metrics"]["heldout"]["tokens"] > 0
+    assert set(result["metrics"]["tasks"]) == {"mqar"}
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "- notes.txt" in card and "`" + str(corpus) + "`" in card
+
+
+class StopAt(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            control.should_training_stop = True
+        return control
+
+
+def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path):
+    common = ["--max_steps", "6", "--save_steps", "3", "--logging_steps", "1", "--tasks", "mqar"]
+    full = run_training(load_run_config(MICRO, [*common, "--output_dir", str(tmp_path / "full")]))
+    interrupted_dir = str(tmp_path / "interrupted")
+    stopped = run_training(load_run_config(MICRO, [*common, "--output_dir", interrupted_dir]), callbacks=[StopAt(3)])
+    assert stopped["trainer"].state.global_step == 3
+    resumed = run_training(
+        load_run_config(MICRO, [*common, "--output_dir", interrupted_dir, "--resume_from_checkpoint", "last"])
+    )
+    assert resumed["trainer"].state.global_step == 6
+    reference = full["trainer"].model.state_dict()
+    for name, value in resumed["trainer"].model.state_dict().items():
+        torch.testing.assert_close(value, reference[name], atol=1e-7, rtol=0, msg=name)
+    losses = [e["loss"] for e in full["trainer"].state.log_history if "loss" in e]
+    resumed_losses = [e["loss"] for e in resumed["trainer"].state.log_history if "loss" in e]
+    assert resumed_losses[-3:] == pytest.approx(losses[-3:], abs=1e-6)
+
+
+class FakeHub:
+    """Stands in for `huggingface_hub.HfApi`: uploads become folder copies."""
+
+    def __init__(self, root):
+        self.root = Path(root)
+        self.uploads = []
+
+    def create_repo(self, repo_id, **kwargs):
+        return SimpleNamespace(repo_id=repo_id)
+
+    def upload_folder(self, repo_id, folder_path, ignore_patterns=(), run_as_future=False, path_in_repo=None, **kw):
+        target = self.root / repo_id / (path_in_repo or "")
+        for source in Path(folder_path).rglob("*"):
+            relative = source.relative_to(folder_path)
+            if source.is_dir() or any(fnmatch.fnmatch(part, p) for p in ignore_patterns for part in relative.parts):
+                continue
+            (target / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(source, target / relative)
+        self.uploads.append((repo_id, str(folder_path)))
+        if run_as_future:
+            future = Future()
+            future.set_result(None)
+            return future
+        return SimpleNamespace(commit_url=f"fake://{repo_id}")
+
+
+def test_push_to_hub_uploads_the_self_contained_checkpoint(tmp_path, monkeypatch):
+    import transformers.trainer as trainer_module
+
+    hub = FakeHub(tmp_path / "hub")
+    if hasattr(trainer_module, "hf_api"):
+        monkeypatch.setattr(trainer_module, "hf_api", lambda: hub)
+    else:  # older transformers call the module-level helpers
+        monkeypatch.setattr(trainer_module, "create_repo", hub.create_repo)
+        monkeypatch.setattr(trainer_module, "upload_folder", hub.upload_folder)
+    run = load_run_config(
+        MICRO,
+        [
+            *("--output_dir", str(tmp_path / "out"), "--max_steps", "2", "--save_steps", "2", "--tasks", "mqar"),
+            *("--push_to_hub", "--hub_model_id", "someone/zpx-micro", "--hub_strategy", "end"),
+        ],
+    )
+    run_training(run)
+    repo = tmp_path / "hub" / "someone" / "zpx-micro"
+    assert hub.uploads and not list(repo.glob("checkpoint-*"))
+    card = (repo / "README.md").read_text()
+    assert "someone/zpx-micro" in card and "library_name: transformers" in card and "## Evaluation" in card
+    model = AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)
+    assert AutoTokenizer.from_pretrained(repo).vocab_size == 260
+    assert model.config.model_type == "zpx"
