@@ -296,3 +296,24 @@ def test_bad_inputs_fail_early_with_named_argument():
         model(input_ids=torch.ones(1, 65, dtype=torch.long))
     with pytest.raises(ValueError, match="causal"):
         PCTForCausalLM(tiny_config(causal=False))
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_model_dispatches_to_triton_and_matches_reference():
+    torch.manual_seed(0)
+    model = PCTForCausalLM(tiny_config(hidden_size=64, tau="learnable")).cuda().to(torch.bfloat16).train()
+    ids = torch.randint(3, 61, (2, 300), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[0, :17] = 0
+    losses, grads = {}, {}
+    for kernel in ("auto", "reference"):
+        model.config.attention_kernel = kernel
+        model.zero_grad()
+        loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+        loss.backward()
+        losses[kernel] = loss.float()
+        grads[kernel] = model.model.layers[0].self_attn.q_proj.real.weight.grad.float().clone()
+    torch.testing.assert_close(losses["auto"], losses["reference"], rtol=2e-2, atol=0)
+    assert torch.isfinite(grads["auto"]).all()
+    cosine = torch.nn.functional.cosine_similarity(grads["auto"].flatten(), grads["reference"].flatten(), dim=0)
+    assert cosine > 0.99
