@@ -10,7 +10,7 @@ Forward + backward of one attention call, B=1, H heads, complex head dim d (real
                   (the softmax baseline; not the same function, only the same shapes)
 
 Each point runs in a fresh subprocess. Peak memory is the growth of peak RSS over the RSS just before
-the op (CPU) or `torch.cuda.max_memory_allocated` above the inputs (CUDA). Tokens/s = B * L / time of
+the first call (CPU) or `torch.cuda.max_memory_allocated` above the inputs (CUDA). Tokens/s = B * L / time of
 one forward + backward (best of the repeats). CPU workers use `--threads` (default 1): tile loops
 of small ops suffer badly from OpenMP oversubscription on a shared machine.
 
@@ -75,14 +75,15 @@ def worker(method: str, length: int, device: str, dtype_name: str, heads: int, c
     def step() -> None:
         op().float().sum().backward()
 
+    # CPU: peak RSS over the RSS before the first call (the warm-up's peak counts: memory freed after it
+    # would hide the op's peak from a later baseline). CUDA: peak allocation after the warm-up.
+    base = _rss_bytes() if device == "cpu" else 0
     step()  # warm-up (allocator, autotuning, kernel compilation)
     q.grad = k.grad = v.grad = tau.grad = bias.grad = None
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    else:
-        base = _rss_bytes()
     times = []
     for _ in range(5 if device == "cuda" else 3):
         start = time.perf_counter()
