@@ -478,12 +478,14 @@ def pct_attention(
     causal: bool = True,
     implementation: str = "auto",
 ) -> torch.Tensor:
-    """PCT sigmoid attention; `implementation` "auto" picks Triton on CUDA (when importable), else the
-    chunked PyTorch reference. Shapes and semantics: see `pct_attention_reference`."""
+    """PCT sigmoid attention; `implementation` "auto" picks Triton for fp32/fp16/bf16 CUDA tensors (when
+    triton is importable), else the chunked PyTorch reference. Shapes and semantics: see
+    `pct_attention_reference`."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"`attention_kernel`={implementation!r} is invalid: expected one of {list(IMPLEMENTATIONS)}.")
     if implementation == "auto":
-        implementation = "triton" if HAS_TRITON and query.is_cuda else "reference"
+        kernel_dtype = query.dtype in (torch.float32, torch.float16, torch.bfloat16)
+        implementation = "triton" if HAS_TRITON and query.is_cuda and kernel_dtype else "reference"
     if implementation == "triton":
         return pct_attention_triton(query, key, value, tau, gate_bias, key_padding_mask, causal)
     return pct_attention_reference(query, key, value, tau, gate_bias, key_padding_mask, causal)
