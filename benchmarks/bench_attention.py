@@ -1,0 +1,326 @@
+"""Speed and memory of every attention path, forward + backward, over sequence lengths.
+
+    python benchmarks/bench_attention.py                       # CPU, and CUDA too when one is present
+    python benchmarks/bench_attention.py --devices cuda --lengths 1024 4096 16384
+
+Paths (one head layout for all: B=1, H=2 on CPU / B=2, H=8 on CUDA, 64 features per head, causal):
+  softmax_sdpa      torch SDPA softmax attention (the baseline; flash/efficient kernels where available)
+  zpx_materialised  the seed's ZPX form, [L, L, C] angle and [L, L, C, 3] sphere tensors (C = 4)
+  zpx_sdpa          ZPX as SDPA on the augmented head dim d + 5C (exact)
+  pct_reference     PCT sigmoid attention, chunked PyTorch reference (real head dim 2d = 64)
+  pct_triton        PCT fused Triton kernels (CUDA)
+  gpa_reference     Versor GPA materialised, [L, L, 11] score products (2 multivector channels)
+  gpa_triton        Versor GPA fused Triton kernels (CUDA)
+  rra_scan          Versor RRA: rotor exponentials, prefix scan (chunked on CPU, Triton on CUDA), sandwich
+
+CPU: fp32, wall time = median of `--repeats` runs after a warm-up; peak memory = growth of the worker
+process's peak RSS over its RSS before the op (each point runs in a fresh subprocess). CUDA: bf16 (RRA
+runs in fp32 by design), time from `triton.testing.do_bench` (median, L2 flushed), memory =
+`torch.cuda.max_memory_allocated` over the inputs. A path stops at the first length that fails (e.g.
+out of memory) or takes longer than `--max-seconds`. Writes benchmarks/results/bench_attention.csv,
+bench_attention.md and bench_attention.png (log-log time and memory vs length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PATHS = (
+    "softmax_sdpa",
+    "zpx_materialised",
+    "zpx_sdpa",
+    "pct_reference",
+    "pct_triton",
+    "gpa_reference",
+    "gpa_triton",
+    "rra_scan",
+)
+KERNEL_PATHS = ("pct_triton", "gpa_triton")
+HEAD_FEATURES, PHASE_CHANNELS = 64, 4
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def make_step(path: str, length: int, device: str, dtype: Any, batch: int, heads: int) -> Callable[[], None]:
+    """A closure running one forward + backward of `path` on fresh-looking inputs (made once)."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    d = HEAD_FEATURES
+
+    def make(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, device=device, dtype=torch.float32) * scale).to(dtype).requires_grad_(True)
+
+    if path == "softmax_sdpa":
+        q, k, v = (make(batch, heads, length, d) for _ in range(3))
+
+        def run() -> Any:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    elif path in ("zpx_materialised", "zpx_sdpa"):
+        from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention_eager, zpx_attention_sdpa
+
+        op = zpx_attention_eager if path == "zpx_materialised" else zpx_attention_sdpa
+        q, k, v = (make(batch, heads, length, d) for _ in range(3))
+        pre = [make(batch, heads, length, PHASE_CHANNELS) for _ in range(3)]
+
+        def run() -> Any:
+            features = phase_key_features(phase_coordinates(*pre, 4.0)).to(dtype)
+            out, _ = op(q, torch.cat((k, features), -1), v, features, None, True, d**-0.5, 1.0, 1.0)
+            return out
+
+    elif path in ("pct_reference", "pct_triton"):
+        from zpx_hf.ops_pct import pct_attention_reference, pct_attention_triton
+
+        op = pct_attention_reference if path == "pct_reference" else pct_attention_triton
+        q, k = make(batch, heads, length, d, scale=d**-0.5), make(batch, heads, length, d, scale=d**-0.5)
+        v = make(batch, heads, length, d)
+        tau = torch.full((heads,), d**0.5 / 2**0.5, device=device, requires_grad=True)
+        bias = torch.full((heads,), -5.0, device=device, requires_grad=True)
+
+        def run() -> Any:
+            return op(q, k, v, tau, bias, None, True)
+
+    elif path in ("gpa_reference", "gpa_triton"):
+        from zpx_hf.ops_gpa import gpa_reference, gpa_triton
+
+        op = gpa_reference if path == "gpa_reference" else gpa_triton
+        q, k, v = (make(batch, heads, length, d, scale=0.5) for _ in range(3))
+        gamma = torch.full((heads,), 0.1, device=device, requires_grad=True)
+
+        def run() -> Any:
+            return op(q, k, v, gamma, None, True)[0]
+
+    elif path == "rra_scan":
+        from zpx_hf.ops_rra import recursive_rotor_accumulator
+
+        bivectors = make(batch, length, heads, 10, scale=0.1)
+        values = make(batch, length, heads, d // 32, 32)
+
+        def run() -> Any:
+            return recursive_rotor_accumulator(bivectors, values, kernel="auto")[0]
+
+    else:
+        raise ValueError(f"unknown path {path!r}; expected one of {PATHS}.")
+
+    def step() -> None:
+        run().float().sum().backward()
+
+    return step
+
+
+def worker(path: str, length: int, device: str, batch: int, heads: int, repeats: int) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    dtype = torch.bfloat16 if device == "cuda" and path != "rra_scan" else torch.float32
+    step = make_step(path, length, device, dtype, batch, heads)
+    step()  # warm-up: allocator, autotuning, compilation
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        try:
+            from triton.testing import do_bench
+
+            ms = float(do_bench(step, warmup=5, rep=max(20, 10 * repeats), return_mode="median"))
+        except ImportError:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            times = []
+            for _ in range(repeats):
+                start.record()
+                step()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end))
+            ms = statistics.median(times)
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        base = _rss_bytes()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - start) * 1e3)
+        ms = statistics.median(times)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    return {"ms": ms, "peak_mib": max(peak, 0) / 2**20, "dtype": str(dtype).replace("torch.", "")}
+
+
+def run_point(spec: list[Any], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+    try:
+        completed = subprocess.run(
+            [sys.executable, __file__, "--worker", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return {"status": f"timeout > {timeout:.0f}s"}
+    if completed.returncode != 0:
+        lines = (completed.stderr or "failed").strip().splitlines()
+        return {"status": "failed: " + (lines[-1][:120] if lines else "?")}
+    return {"status": "ok", **json.loads(completed.stdout.strip().splitlines()[-1])}
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    devices = sorted({r["device"] for r in rows})
+    fig, axes = plt.subplots(len(devices), 2, figsize=(11, 4 * len(devices)), dpi=100, squeeze=False)
+    for (ax_t, ax_m), device in zip(axes, devices):
+        for name in PATHS:
+            pts = [r for r in rows if r["device"] == device and r["path"] == name and r["status"] == "ok"]
+            if not pts:
+                continue
+            xs = [r["L"] for r in pts]
+            style = "--" if name in ("zpx_materialised", "gpa_reference") else "-"
+            ax_t.plot(xs, [r["ms"] for r in pts], style, marker="o", label=name)
+            ax_m.plot(xs, [max(r["peak_mib"], 1e-2) for r in pts], style, marker="o", label=name)
+        for ax, label in ((ax_t, "forward + backward ms"), (ax_m, "peak memory MiB")):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length")
+            ax.set_ylabel(label)
+            ax.set_title(f"{device}: {label}")
+            ax.grid(alpha=0.3, which="both")
+        ax_t.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        f"Command: `{meta['command']}` — {meta['date']} — {meta['machine']}.",
+        "",
+        "Forward + backward of one attention op, causal, 64 features per head "
+        "(ZPX: + 5 x 4 phase features; PCT: complex d = 32; GPA/RRA: 2 multivector channels). "
+        "Cells: time ms / peak MiB.",
+    ]
+    for device in sorted({r["device"] for r in rows}):
+        sub = [r for r in rows if r["device"] == device]
+        lengths = sorted({r["L"] for r in sub})
+        shape = meta["shapes"][device]
+        lines += [
+            "",
+            f"**{device}** (B={shape['batch']}, H={shape['heads']}, {shape['dtype']}):",
+            "",
+            "| path | " + " | ".join(f"L={n}" for n in lengths) + " |",
+            "|---|" + "---:|" * len(lengths),
+        ]
+        for name in PATHS:
+            cells, seen = [], False
+            for n in lengths:
+                r = next((r for r in sub if r["path"] == name and r["L"] == n), None)
+                if r is None:
+                    cells.append("-")
+                    continue
+                seen = True
+                if r["status"] == "ok":
+                    cells.append(f"{r['ms']:.1f} / {r['peak_mib']:.0f}")
+                else:
+                    cells.append(r["status"].split(":")[0])
+            if seen:
+                lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    skipped = meta.get("skipped")
+    if skipped:
+        lines += ["", "Not measured: " + "; ".join(skipped) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--devices", nargs="+", default=None, help="cpu and/or cuda (default: cpu + cuda if present)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=None)
+    parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-seconds", type=float, default=60.0, help="per-point wall-clock limit")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--tag", default="bench_attention")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.worker:
+        spec = json.loads(args.worker)
+        print(json.dumps(worker(*spec)))
+        return
+
+    import datetime
+    import platform
+
+    import torch
+
+    devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+    default_lengths = {"cpu": [256, 512, 1024, 2048], "cuda": [1024, 2048, 4096, 8192, 16384]}
+    shapes = {"cpu": (1, 2), "cuda": (2, 8)}
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    env = dict(os.environ)
+    for device in devices:
+        if device == "cuda" and not torch.cuda.is_available():
+            skipped.append("cuda (no CUDA device)")
+            continue
+        batch, heads = shapes[device]
+        for name in args.paths:
+            if name in KERNEL_PATHS and device != "cuda" and env.get("TRITON_INTERPRET") != "1":
+                skipped.append(f"{name} on {device} (Triton kernels need CUDA)")
+                continue
+            for length in args.lengths or default_lengths[device]:
+                spec = [name, length, device, batch, heads, args.repeats]
+                result = run_point(spec, timeout=args.max_seconds * (args.repeats + 2), env=env)
+                rows.append({"device": device, "path": name, "L": length, **result})
+                print(rows[-1], flush=True)
+                if result["status"] != "ok" or result["ms"] * (args.repeats + 1) > args.max_seconds * 1e3:
+                    break  # longer lengths only get worse
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    meta = {
+        "command": "python benchmarks/bench_attention.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}"
+        + (f", {gpu}" if gpu else ""),
+        "shapes": {
+            d: {"batch": shapes[d][0], "heads": shapes[d][1], "dtype": "fp32" if d == "cpu" else "bf16 (RRA fp32)"}
+            for d in devices
+        },
+        "skipped": skipped,
+    }
+    args.output.mkdir(parents=True, exist_ok=True)
+    stem = args.output / args.tag
+    with open(stem.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["device", "dtype", "path", "L", "ms", "peak_mib", "status"])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: row.get(k, "") for k in writer.fieldnames})
+    if any(r["status"] == "ok" for r in rows):
+        plot(rows, stem.with_suffix(".png"))
+    text = markdown(rows, meta)
+    if stem.with_suffix(".png").exists():
+        text += f"\n![attention benchmark](benchmarks/results/{stem.name}.png)\n"
+    stem.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,377 @@
+"""One GPU session: build every Triton kernel, check it against the PyTorch reference, benchmark it.
+
+    python benchmarks/gpu_check.py                 # < 8 min on one H200; writes benchmarks/results/gpu_check.md
+    python benchmarks/gpu_check.py --quick         # correctness only, smaller shapes
+
+Checks (forward and every gradient, odd lengths, causal and not, fp32 / fp16 / bf16):
+  PCT sigmoid attention   pct_attention_triton vs pct_attention_reference     grads q, k, v, tau, b (+ padding mask)
+  Versor GPA              gpa_triton vs gpa_reference                         grads q, k, v, gamma
+  Versor RRA scan         rotor_scan_triton vs rotor_scan_sequential (fp32)   grads rotors, initial state
+  RRA stability           |R ~R - 1| after a 16,384-token rotation scan on the Triton path
+  ZPX                     SDPA fast form (fp32/fp16/bf16) vs the materialised form in fp32 (no Triton kernel)
+  models                  PCT and Versor models with kernels "triton" vs "reference": logits and grad norms
+
+The reference always runs in fp32 on the same (rounded) inputs; the error of a tensor is
+max |x - ref| / max |ref| (relative to its scale), with limits fp32 2e-3 (TF32 dots), fp16 1e-2, bf16 4e-2
+for outputs and 2x that for gradients. Then `bench_attention.py`'s CUDA points (bf16) for every path.
+Exit status 1 if any check fails; 0 with a clear message when no CUDA device is present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LIMITS = {"float32": 2e-3, "float16": 1e-2, "bfloat16": 4e-2}
+DEVICE = "cuda"  # `--interpret-on-cpu`: smoke-test this script on CPU under TRITON_INTERPRET=1 (tiny shapes)
+SMOKE = False
+
+
+def rel_error(actual: Any, expected: Any) -> float:
+    expected = expected.float()
+    scale = float(expected.abs().max()) or 1.0
+    return float((actual.float() - expected).abs().max()) / scale
+
+
+def compare(
+    name: str,
+    fn: Callable[..., Any],
+    ref: Callable[..., Any],
+    inputs: list[Any],
+    grad_names: list[str],
+    dtype: Any,
+    rows: list[dict[str, Any]],
+) -> None:
+    """Forward + backward of `fn` on inputs cast to `dtype` (float params stay fp32) vs `ref` in fp32."""
+    import torch
+
+    def prepare(cast: Any) -> list[Any]:
+        out = []
+        for x in inputs:
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                y = x.detach()
+                if x.dim() >= 3:  # activations; per-head parameters stay fp32
+                    y = y.to(cast)
+                out.append(y.requires_grad_(x.requires_grad))
+            else:
+                out.append(x)
+        return out
+
+    low = prepare(dtype)
+    high = [
+        (
+            x.detach().float().requires_grad_(x.requires_grad)
+            if isinstance(x, torch.Tensor) and x.is_floating_point()
+            else x
+        )
+        for x in low
+    ]
+    out, expected = fn(*low), ref(*high)
+    grad = torch.randn_like(expected.float())
+    out.float().backward(grad)
+    expected.backward(grad)
+    tag = str(dtype).replace("torch.", "")
+    limit = LIMITS[tag]
+    errors = {"out": rel_error(out, expected)}
+    grads = [x for x in low if isinstance(x, torch.Tensor) and x.requires_grad]
+    grads_ref = [x for x in high if isinstance(x, torch.Tensor) and x.requires_grad]
+    for gname, a, b in zip(grad_names, grads, grads_ref):
+        errors[gname] = rel_error(a.grad, b.grad)
+    ok = errors["out"] <= limit and all(v <= 2 * limit for k, v in errors.items() if k != "out")
+    rows.append({"check": name, "dtype": tag, "ok": ok, "errors": errors})
+    print(f"{'PASS' if ok else 'FAIL'} {name} {tag} " + " ".join(f"{k}={v:.1e}" for k, v in errors.items()), flush=True)
+
+
+def check_pct(rows: list[dict[str, Any]], dtypes: list[Any], quick: bool) -> None:
+    import torch
+
+    from zpx_hf.ops_pct import pct_attention_reference, pct_attention_triton
+
+    shapes = [(1, 2, 1, 1, 32), (2, 3, 67, 67, 64), (1, 2, 300, 300, 128)] + ([] if quick else [(2, 4, 1031, 1031, 64)])
+    shapes = shapes[:2] if SMOKE else shapes
+    for batch, heads, lq, lk, dim in shapes:
+        for causal in (True, False):
+            for masked in (False, True) if lq > 1 else (False,):
+                g = torch.Generator(device=DEVICE).manual_seed(lq + dim)
+                q = torch.randn(batch, heads, lq, dim, device=DEVICE, generator=g) / dim**0.5
+                k = torch.randn(batch, heads, lk, dim, device=DEVICE, generator=g) / dim**0.5
+                v = torch.randn(batch, heads, lk, dim, device=DEVICE, generator=g)
+                tau = torch.full((heads,), dim**0.5, device=DEVICE) + 0.1 * torch.arange(heads, device=DEVICE)
+                bias = torch.full((heads,), -3.0, device=DEVICE)
+                mask = None
+                if masked:
+                    mask = torch.ones(batch, lk, dtype=torch.bool, device=DEVICE)
+                    mask[:, : lk // 5] = False
+                for x in (q, k, v, tau, bias):
+                    x.requires_grad_(True)
+                for dtype in dtypes:
+                    compare(
+                        f"pct L={lq} D={dim} causal={causal} mask={masked}",
+                        lambda *a, m=mask, c=causal: pct_attention_triton(*a, m, c),
+                        lambda *a, m=mask, c=causal: pct_attention_reference(*a, m, c),
+                        [q, k, v, tau, bias],
+                        ["dq", "dk", "dv", "dtau", "dbias"],
+                        dtype,
+                        rows,
+                    )
+
+
+def check_gpa(rows: list[dict[str, Any]], dtypes: list[Any], quick: bool) -> None:
+    import torch
+
+    from zpx_hf.ops_gpa import gpa_reference, gpa_triton
+
+    shapes = [(1, 2, 1, 32), (2, 2, 67, 64), (1, 3, 300, 96)] + ([] if quick else [(2, 2, 1031, 64)])
+    shapes = shapes[:2] if SMOKE else shapes
+    for batch, heads, length, dim in shapes:
+        for causal in (True, False):
+            g = torch.Generator(device=DEVICE).manual_seed(length + dim)
+            q, k, v = (torch.randn(batch, heads, length, dim, device=DEVICE, generator=g) * 0.5 for _ in range(3))
+            gamma = torch.linspace(-0.5, 1.0, heads, device=DEVICE)
+            for x in (q, k, v, gamma):
+                x.requires_grad_(True)
+            for dtype in dtypes:
+                compare(
+                    f"gpa L={length} D={dim} causal={causal}",
+                    lambda *a, c=causal: gpa_triton(*a, None, c)[0],
+                    lambda *a, c=causal: gpa_reference(*a, None, c)[0],
+                    [q, k, v, gamma],
+                    ["dq", "dk", "dv", "dgamma"],
+                    dtype,
+                    rows,
+                )
+
+
+def check_rra(rows: list[dict[str, Any]], quick: bool) -> None:
+    import torch
+
+    from zpx_hf.clifford_algebra import rotor_exp_matrix, rotor_norm_error
+    from zpx_hf.ops_rra import identity_rotor, rotor_scan_sequential, rotor_scan_triton
+
+    cases = [(1, 1), (6, 37), (64, 513)] + ([] if quick else [(256, 2049)])
+    for num, length in cases[:2] if SMOKE else cases:
+        g = torch.Generator(device=DEVICE).manual_seed(length)
+        bivectors = torch.randn(num, length, 10, device=DEVICE, generator=g) * 0.1
+        rotors = rotor_exp_matrix(bivectors).detach().requires_grad_(True)
+        initial = rotor_exp_matrix(torch.randn(num, 10, device=DEVICE, generator=g) * 0.1).detach().requires_grad_(True)
+        compare(
+            f"rra scan N={num} L={length}",
+            rotor_scan_triton,
+            rotor_scan_sequential,
+            [rotors, initial],
+            ["drotors", "dinitial"],
+            torch.float32,
+            rows,
+        )
+    # rotations only (the 6 bivectors e_i e_j, i, j <= 4: indices of masks 3, 5, 6, 9, 10, 12)
+    length = 64 if SMOKE else 16384
+    bivectors = torch.zeros(8, length, 10, device=DEVICE)
+    bivectors[..., :6] = torch.randn(8, length, 6, device=DEVICE) * 0.3
+    with torch.no_grad():
+        final = rotor_scan_triton(rotor_exp_matrix(bivectors), identity_rotor(8, device=DEVICE))[:, -1]
+        drift = float(rotor_norm_error(final).max())
+    ok = drift < 1e-3
+    rows.append(
+        {"check": f"rra stability L={length} (rotations)", "dtype": "float32", "ok": ok, "errors": {"RR~-1": drift}}
+    )
+    print(f"{'PASS' if ok else 'FAIL'} rra stability |R~R-1|={drift:.1e}", flush=True)
+
+
+def check_zpx(rows: list[dict[str, Any]], dtypes: list[Any]) -> None:
+    import torch
+
+    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention_eager, zpx_attention_sdpa
+
+    batch, heads, length, dim, channels = (1, 2, 33, 64, 4) if SMOKE else (2, 4, 257, 64, 4)
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, length, dim, device=DEVICE, generator=g) for _ in range(3))
+    pre = [torch.randn(batch, heads, length, channels, device=DEVICE, generator=g) for _ in range(3)]
+    for x in (q, k, v, *pre):
+        x.requires_grad_(True)
+
+    def run(op: Callable[..., Any]) -> Callable[..., Any]:
+        def call(q: Any, k: Any, v: Any, a: Any, b: Any, c: Any) -> Any:
+            features = phase_key_features(phase_coordinates(a, b, c, 4.0)).to(q.dtype)
+            return op(q, torch.cat((k, features), -1), v, features, None, True, dim**-0.5, 1.0, 1.0)[0]
+
+        return call
+
+    for dtype in dtypes:
+        compare(
+            f"zpx sdpa vs materialised L={length}",
+            run(zpx_attention_sdpa),
+            run(zpx_attention_eager),
+            [q, k, v, *pre],
+            ["dq", "dk", "dv", "dlog_r", "dtheta", "db"],
+            dtype,
+            rows,
+        )
+
+
+def check_models(rows: list[dict[str, Any]]) -> None:
+    """Tiny models, same weights: kernels 'triton' vs 'reference' (fp32), logits and parameter grads."""
+    import torch
+
+    from zpx_hf import PCTConfig, PCTForCausalLM, VersorConfig, VersorForCausalLM
+
+    ids = torch.randint(4, 260, (2, 17 if SMOKE else 97), device=DEVICE)
+    cases = [
+        ("pct model", PCTForCausalLM, PCTConfig, {"attention_kernel": "triton"}, {"attention_kernel": "reference"}),
+        (
+            "versor hybrid model",
+            VersorForCausalLM,
+            VersorConfig,
+            {"gpa_kernel": "triton", "rra_kernel": "triton"},
+            {"gpa_kernel": "reference", "rra_kernel": "sequential"},
+        ),
+    ]
+    for name, model_class, config_class, fast, slow in cases:
+        size = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2}
+        torch.manual_seed(0)
+        model_fast = model_class(config_class(**size, **fast)).to(DEVICE)
+        model_slow = model_class(config_class(**size, **slow)).to(DEVICE)
+        model_slow.load_state_dict(model_fast.state_dict())
+        out_fast = model_fast(input_ids=ids, labels=ids, use_cache=False)
+        out_slow = model_slow(input_ids=ids, labels=ids, use_cache=False)
+        out_fast.loss.backward()
+        out_slow.loss.backward()
+        errors = {"logits": rel_error(out_fast.logits, out_slow.logits)}
+        grad_errors = [
+            rel_error(a.grad, b.grad)
+            for a, b in zip(model_fast.parameters(), model_slow.parameters())
+            if a.grad is not None and b.grad is not None and float(b.grad.abs().max()) > 0
+        ]
+        errors["max param grad"] = max(grad_errors) if grad_errors else 0.0
+        ok = errors["logits"] <= LIMITS["float32"] and errors["max param grad"] <= 5 * LIMITS["float32"]
+        rows.append({"check": name, "dtype": "float32", "ok": ok, "errors": errors})
+        print(f"{'PASS' if ok else 'FAIL'} {name} " + " ".join(f"{k}={v:.1e}" for k, v in errors.items()), flush=True)
+
+
+def benchmark(lengths: list[int]) -> list[dict[str, Any]]:
+    """bench_attention's CUDA measurement in this process (bf16; RRA fp32)."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_attention import PATHS, worker
+
+    rows = []
+    for path in PATHS:
+        for length in lengths:
+            if path in ("zpx_materialised", "gpa_reference") and length > 4096:
+                rows.append({"path": path, "L": length, "status": "skipped (O(L^2) materialised; > 4096)"})
+                continue
+            try:
+                result = worker(path, length, "cuda", 2, 8, 5)
+                rows.append({"path": path, "L": length, "status": "ok", **result})
+            except torch.OutOfMemoryError:
+                rows.append({"path": path, "L": length, "status": "out of memory"})
+            except Exception as error:  # recorded, the session continues
+                rows.append({"path": path, "L": length, "status": f"failed: {type(error).__name__}"})
+            torch.cuda.empty_cache()
+            print(rows[-1], flush=True)
+    return rows
+
+
+def report(checks: list[dict[str, Any]], bench: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    failed = [c for c in checks if not c["ok"]]
+    lines = [
+        f"Command: `{meta['command']}` — {meta['date']} — {meta['device']}, torch {meta['torch']}, "
+        f"triton {meta['triton']}; {meta['minutes']:.1f} min.",
+        "",
+        f"**Correctness: {len(checks) - len(failed)}/{len(checks)} checks pass.** Error = max |x - ref| / max |ref|, "
+        "reference in fp32 on the same rounded inputs; limits fp32 2e-3, fp16 1e-2, bf16 4e-2 (gradients 2x).",
+        "",
+        "| check | dtype | result | errors |",
+        "|---|---|---|---|",
+    ]
+    for c in checks:
+        errors = ", ".join(f"{k} {v:.1e}" for k, v in c["errors"].items())
+        lines.append(f"| {c['check']} | {c['dtype']} | {'pass' if c['ok'] else '**FAIL**'} | {errors} |")
+    if bench:
+        lengths = sorted({r["L"] for r in bench})
+        lines += [
+            "",
+            "Forward + backward, B=2, H=8, 64 features per head, causal, bf16 (RRA fp32); "
+            "`triton.testing.do_bench` median ms / peak MiB:",
+            "",
+            "| path | " + " | ".join(f"L={n}" for n in lengths) + " |",
+            "|---|" + "---:|" * len(lengths),
+        ]
+        for path in dict.fromkeys(r["path"] for r in bench):
+            cells = []
+            for n in lengths:
+                r = next((r for r in bench if r["path"] == path and r["L"] == n), None)
+                if r is None:
+                    cells.append("-")
+                elif r["status"] == "ok":
+                    cells.append(f"{r['ms']:.2f} / {r['peak_mib']:.0f}")
+                else:
+                    cells.append(r["status"].split(" (")[0])
+            lines.append(f"| {path} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="correctness on smaller shapes, no benchmark")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--interpret-on-cpu", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    global DEVICE, SMOKE
+    if args.interpret_on_cpu:  # exercises this script's code paths only; needs TRITON_INTERPRET=1 set before import
+        DEVICE, SMOKE = "cpu", True
+        args.quick = True
+    elif not torch.cuda.is_available():
+        print(
+            "gpu_check: no CUDA device found; nothing to check (the CPU test suite covers the kernels under "
+            "TRITON_INTERPRET=1). Run this script on a machine with an NVIDIA GPU."
+        )
+        return 0
+    import triton
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    started = time.perf_counter()
+    dtypes = [torch.float32, torch.float16] if SMOKE else [torch.float32, torch.float16, torch.bfloat16]
+    checks: list[dict[str, Any]] = []
+    for name, run in (
+        ("pct", lambda: check_pct(checks, dtypes, args.quick)),
+        ("gpa", lambda: check_gpa(checks, dtypes, args.quick)),
+        ("rra", lambda: check_rra(checks, args.quick)),
+        ("zpx", lambda: check_zpx(checks, dtypes)),
+        ("models", lambda: check_models(checks)),
+    ):
+        try:
+            run()
+        except Exception as error:  # a crashing kernel is a failed check, the rest still run
+            checks.append({"check": f"{name} (crashed)", "dtype": "-", "ok": False, "errors": {}})
+            print(f"FAIL {name} crashed: {type(error).__name__}: {error}\n{traceback.format_exc(limit=4)}", flush=True)
+    bench = [] if args.quick else benchmark(args.lengths)
+    meta = {
+        "command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else "CPU (TRITON_INTERPRET=1 smoke test)",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "minutes": (time.perf_counter() - started) / 60,
+    }
+    text = report(checks, bench, meta)
+    if not SMOKE:
+        args.output.mkdir(parents=True, exist_ok=True)
+        (args.output / "gpu_check.md").write_text(text)
+    print(text)
+    return 0 if all(c["ok"] for c in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
