@@ -34,11 +34,22 @@ def _micro(**changes):
     return raw
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if "lora" not in p.name))
 def test_shipped_configs_parse_and_build_their_model_config(name):
     run = load_run_config(str(ROOT / "configs" / name))
     assert run.model_config.model_type == run[ModelArguments].model_type
     assert run.model_config.vocab_size >= 260
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*lora*.yaml")))
+def test_shipped_lora_configs_parse(name, tmp_path):
+    from finetune_lora import LoraArguments, load_finetune_config
+
+    from zpx_hf import ZPXConfig
+
+    ZPXConfig().save_pretrained(tmp_path)
+    run = load_finetune_config(str(ROOT / "configs" / name), ["--base_model", str(tmp_path)])
+    assert run[LoraArguments].rank >= 1 and run[TrainingArguments].output_dir
 
 
 def test_values_reach_the_dataclasses_and_cli_overrides_win(tmp_path):

@@ -31,10 +31,20 @@ ids = tokenizer("The if statement", return_tensors="pt")
 with torch.no_grad():
     logits = model(**ids).logits
 out = model.generate(**ids, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-result = {"module": type(model).__module__, "logits": logits[0, -1].tolist(), "new": out.shape[1] - ids.input_ids.shape[1]}
+new_tokens = out.shape[1] - ids.input_ids.shape[1]
+result = {"module": type(model).__module__, "logits": logits[0, -1].tolist(), "new": new_tokens}
 with open(sys.argv[2], "w") as f:
     json.dump(result, f)
 """
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    # Micro models: a second intra-op thread costs more than it saves (and collapses on a busy machine).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +68,8 @@ def test_checkpoint_is_self_contained_with_tokenizer_card_and_report(trained):
 
     card = (out / "README.md").read_text()
     header = card.split("---")[1]
-    for line in ("library_name: transformers", "license: apache-2.0", "- zpx", "- cpython-pydoc-topics", "- perplexity"):
+    expected = ("library_name: transformers", "license: apache-2.0", "- zpx", "- cpython-pydoc-topics", "- perplexity")
+    for line in expected:
         assert line in header
     metrics = json.loads((out / "metrics.json").read_text())["metrics"]
     assert f"{metrics['heldout']['perplexity']:.3f}" in card
@@ -94,7 +105,8 @@ def test_checkpoint_reloads_offline_without_zpx_hf(trained):
 
 def test_local_text_file_as_training_data(tmp_path):
     corpus = tmp_path / "notes.txt"
-    corpus.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog." * 3 for i in range(40)))
+    paragraph = "Paragraph {}: the quick brown fox jumps over the lazy dog. " * 3
+    corpus.write_text("\n\n".join(paragraph.format(i, i, i) for i in range(40)))
     config = (ROOT / "configs" / "test-micro.yaml").read_text().replace("text_source: pydoc", f"text_source: {corpus}")
     path = tmp_path / "local.yaml"
     path.write_text(config)
