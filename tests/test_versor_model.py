@@ -19,7 +19,7 @@ ROTATION = [i for i, m in enumerate(BIVECTOR_MASKS) if not m & 16]
 def tiny_config(**overrides) -> VersorConfig:
     kwargs = dict(
         vocab_size=40,
-        hidden_size=64,
+        hidden_size=128,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=2,
@@ -82,7 +82,7 @@ def test_forward_backward_and_outputs(mixer):
     ids = torch.randint(3, 40, (2, 7))
     out = model(ids, labels=ids, output_hidden_states=True, output_attentions=True)
     assert out.logits.shape == (2, 7, 40)
-    assert len(out.hidden_states) == 3 and out.hidden_states[-1].shape == (2, 7, 64)
+    assert len(out.hidden_states) == 3 and out.hidden_states[-1].shape == (2, 7, 128)
     gpa_layers = [i for i in range(2) if model.config.layer_mixer(i) == "gpa"]
     for i in range(2):
         assert (out.attentions[i] is not None) == (i in gpa_layers)
@@ -116,7 +116,7 @@ def test_cached_generation_equals_uncached(mixer):
         if mixer_type == "rra":  # recurrent layers keep the rotor only: O(1) state, no KV growth
             assert cache.keys[layer] is None and cache.rotors[layer].shape == (2, 2, 2, 4, 4)
         else:
-            assert cache.keys[layer].shape == (2, 2, 11, 32) and cache.rotors[layer] is None
+            assert cache.keys[layer].shape == (2, 2, 11, 64) and cache.rotors[layer] is None
 
     generated = model.generate(ids[:, :5], attention_mask=mask[:, :5], max_new_tokens=6, do_sample=False)
     uncached = model.generate(

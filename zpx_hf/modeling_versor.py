@@ -191,7 +191,7 @@ class VersorGPA(nn.Module):
         batch, length = hidden_states.shape[:2]
 
         def heads(x: torch.Tensor) -> torch.Tensor:  # [B, L, H*c, 32] -> [B, H, L, 32 c]
-            return x.view(batch, length, self.num_heads, -1).transpose(1, 2)
+            return x.reshape(batch, length, self.num_heads, -1).transpose(1, 2)
 
         query = heads(self.q_proj(hidden_states))
         key = heads(self.k_proj(hidden_states))
@@ -243,7 +243,7 @@ class VersorRRA(nn.Module):
         batch, length = hidden_states.shape[:2]
         raw = self.bivector_proj(hidden_states.reshape(batch, length, -1))
         bivectors = self.config.rra_bivector_scale * torch.tanh(raw.float())
-        bivectors = bivectors.view(batch, length, self.num_heads, len(BIVECTOR_MASKS))
+        bivectors = bivectors.reshape(batch, length, self.num_heads, len(BIVECTOR_MASKS))
         if token_mask is not None:
             bivectors = bivectors * token_mask[:, :, None, None].to(bivectors.dtype)
         local = None
@@ -252,7 +252,7 @@ class VersorRRA(nn.Module):
             keep[_ROTATION] = 1.0
             local = bivectors * (1.0 - keep)
             bivectors = bivectors * keep
-        value = self.v_proj(hidden_states).view(batch, length, self.num_heads, self.head_channels, NUM_BLADES)
+        value = self.v_proj(hidden_states).reshape(batch, length, self.num_heads, self.head_channels, NUM_BLADES)
         initial = past_key_values.get_rotor(self.layer_idx) if past_key_values is not None else None
         output, state = recursive_rotor_accumulator(
             bivectors, value, initial=initial, kernel=self.config.rra_kernel, local_bivectors=local
@@ -379,7 +379,7 @@ class VersorModel(VersorPreTrainedModel):
         )
         token_mask = attention_mask[:, past_length:] if attention_mask is not None else None
 
-        hidden_states = inputs_embeds.view(batch, length, self.config.num_channels, NUM_BLADES)
+        hidden_states = inputs_embeds.reshape(batch, length, self.config.num_channels, NUM_BLADES)
         all_hidden_states = () if output_hidden_states else None
         all_attentions = () if output_attentions else None
         for layer in self.layers:

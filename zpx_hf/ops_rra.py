@@ -106,7 +106,7 @@ def rotor_scan_chunked(
     if pad:
         filler = identity_rotor(num_seq, pad, device=rotors.device, dtype=rotors.dtype)
         rotors = torch.cat((rotors, filler), dim=1)
-    blocks = rotors.view(num_seq, num_chunks, chunk, 2, 4, 4)
+    blocks = rotors.reshape(num_seq, num_chunks, chunk, 2, 4, 4)
     # prefix products inside every chunk at once
     local = [blocks[:, :, 0]]
     for i in range(1, chunk):
@@ -295,7 +295,7 @@ def recursive_rotor_accumulator(
     rotors = rotor_exp_matrix(bivectors.float())  # [B, L, H, 2, 4, 4]
     rotors = rotors.transpose(1, 2).reshape(batch * heads, length, 2, 4, 4)
     start = None if initial is None else initial.float().reshape(batch * heads, 2, 4, 4)
-    prefix = rotor_scan(rotors, start, kernel=kernel).view(batch, heads, length, 2, 4, 4).transpose(1, 2)
+    prefix = rotor_scan(rotors, start, kernel=kernel).reshape(batch, heads, length, 2, 4, 4).transpose(1, 2)
     if length:
         final = prefix[:, -1]
     elif initial is not None:
