@@ -420,13 +420,12 @@ def nbody_data(spec: SizeSpec, seed: int, num: int) -> dict[str, np.ndarray]:
     return nbody_trajectories(num, seed, NBODY_CONTEXT + NBODY_ROLLOUT - 1)
 
 
-def nbody_reference() -> dict[str, Any]:
-    """Constant-velocity extrapolation and the simulator's own energy drift on the evaluation set."""
+def nbody_reference(spec: SizeSpec) -> dict[str, Any]:
+    """Constant-velocity extrapolation and the simulator's own energy drift on the evaluation trajectories."""
     from zpx_hf.data_geometry import NBODY_DT, nbody_energy, split_state
     from zpx_hf.metrics import relative_energy_drift, rollout_mse
 
-    spec = SIZES["small"]
-    data = nbody_data(spec, EVAL_SEED, 128)
+    data = nbody_data(spec, EVAL_SEED, spec.nbody_eval)
     x, v = split_state(data["states"].astype(np.float64), 5, 3)
     start = NBODY_CONTEXT - 1
     steps = np.arange(1, NBODY_ROLLOUT + 1)[None, :, None, None]
@@ -551,6 +550,48 @@ def verdict(a: tuple[float, float], b: tuple[float, float], higher_better: bool)
     return "better" if gap > 0 else "worse"
 
 
+def findings(
+    by: dict[tuple[str, str], dict[str, Any]],
+    columns: list[tuple[str, str, str, bool]],
+    variants: list[str],
+    reference: dict[str, Any] | None,
+) -> list[str]:
+    """One generated sentence per metric: best variant, baseline, and who is better/worse beyond noise."""
+    from zpx_hf.metrics import format_mean_std
+
+    lines = ["Findings (generated from the numbers above):", ""]
+    for task, key, label, higher in columns:
+        scored = [(v, by[(v, task)]) for v in variants if f"{key}_mean" in by.get((v, task), {})]
+        if not scored:
+            continue
+        digits = 4 if key == "position_mse" else 3
+        best_value = (max if higher else min)(row[f"{key}_mean"] for _, row in scored)
+        best = [v for v, row in scored if abs(row[f"{key}_mean"] - best_value) <= 1e-9]
+        names = "all variants tied" if len(best) == len(scored) else ", ".join(best)
+        text = f"- {label}: best {names} ({best_value:.{digits}f})"
+        base = by.get(("baseline", task), {})
+        if f"{key}_mean" in base:
+            text += f"; baseline {format_mean_std(base[f'{key}_mean'], base[f'{key}_std'], digits)}"
+            pair = (base[f"{key}_mean"], base[f"{key}_std"])
+            groups: dict[str, list[str]] = {"better": [], "worse": []}
+            for v, row in scored:
+                if v != "baseline":
+                    mark = verdict((row[f"{key}_mean"], row[f"{key}_std"]), pair, higher)
+                    groups.setdefault(mark, []).append(v)
+            text += f"; better than baseline beyond noise: {', '.join(groups['better']) or 'none'}"
+            text += f"; worse: {', '.join(groups['worse']) or 'none'}"
+        if len(best) == len(scored):
+            text += " (all variants identical: the task was not learned at this budget)"
+        if key == "position_mse" and reference:
+            beating = [v for v, row in scored if row[f"{key}_mean"] < reference["const_velocity_position_mse"]]
+            text += (
+                f"; constant-velocity extrapolation scores {reference['const_velocity_position_mse']:.4f}, "
+                f"beaten by: {', '.join(beating) or 'no trained variant'}"
+            )
+        lines.append(text + ".")
+    return lines
+
+
 def markdown(
     aggregate: list[dict[str, Any]],
     runs: list[dict[str, Any]],
@@ -602,6 +643,7 @@ def markdown(
             f"the simulator's own relative energy change over the 50-step window "
             f"{reference['simulator_energy_drift']:.4f}.",
         ]
+    lines += ["", *findings(by, columns, variants, reference)]
     if "baseline" in variants:
         lines += [
             "",
@@ -641,6 +683,16 @@ def markdown(
                 star = "" if w["matched"] else "*"
                 cells.append(f"{w['hidden']} / {w['intermediate']} / {w['params']:,}{star}")
         lines.append(f"| {VARIANT_LABELS[variant]} | " + " | ".join(cells) + " |")
+    unmatched = sorted({k.split("/")[0] for k, w in widths.items() if not w["matched"]} & set(variants))
+    if unmatched:
+        reason = ""
+        if spec.versor_max_hidden and any(VARIANTS[v]["family"] == "versor" for v in unmatched):
+            reason = (
+                f" Versor's hidden size is capped at {spec.versor_max_hidden} in this suite size (its per-token rotor "
+                "algebra is far slower per parameter on CPU than softmax attention), so its rows are smaller models "
+                "than the baseline, not parameter-matched ones."
+            )
+        lines += ["", f"Not parameter-matched: {', '.join(unmatched)}.{reason}"]
     if failures:
         lines += ["", "Runs that did not complete:", ""]
         for (variant, task), status in sorted(failures.items()):
@@ -756,7 +808,8 @@ def main(argv: list[str] | None = None) -> None:
         saved = json.loads(args.from_json.read_text())
         meta, widths, runs = saved["meta"], saved["widths"], saved["runs"]
         spec = SizeSpec(**{**meta["size"], "passkey_lengths": tuple(meta["size"]["passkey_lengths"])})
-        write_outputs(runs, widths, spec, meta, args.variants, args.tasks, saved["nbody_reference"], stem)
+        reference = nbody_reference(spec) if any(r["task"] == "nbody" for r in runs) else None
+        write_outputs(runs, widths, spec, meta, args.variants, args.tasks, reference, stem)
         return
     widths: dict[str, dict[str, Any]] = {}
     for task in args.tasks:
@@ -794,7 +847,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"[{len(runs)}/{len(jobs)}] {shown}", flush=True)
 
     runs.sort(key=lambda r: (list(VARIANTS).index(r["variant"]), list(TASKS).index(r["task"]), r["seed"]))
-    reference = nbody_reference() if "nbody" in args.tasks else None
+    reference = nbody_reference(spec) if "nbody" in args.tasks else None
     meta = {
         "command": "python benchmarks/ablation.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
