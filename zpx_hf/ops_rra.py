@@ -84,8 +84,9 @@ def rotor_scan_sequential(
     """R_t = R_{t-1} dR_t, one step at a time; the state is re-projected after every `renorm_every` steps."""
     state = identity_rotor(rotors.shape[0], device=rotors.device, dtype=rotors.dtype) if initial is None else initial
     outputs = []
-    for t in range(rotors.shape[1]):
-        state = complex_matmul(state, rotors[:, t])
+    # unbind (not rotors[:, t]): its backward is one stack; per-step indexing would cost O(L) each
+    for t, rotor in enumerate(rotors.unbind(1)):
+        state = complex_matmul(state, rotor)
         if renorm_every and (t + 1) % renorm_every == 0:
             state = _project(state)
         outputs.append(state)
@@ -108,15 +109,16 @@ def rotor_scan_chunked(
         rotors = torch.cat((rotors, filler), dim=1)
     blocks = rotors.reshape(num_seq, num_chunks, chunk, 2, 4, 4)
     # prefix products inside every chunk at once
-    local = [blocks[:, :, 0]]
-    for i in range(1, chunk):
-        local.append(complex_matmul(local[-1], blocks[:, :, i]))
+    steps = blocks.unbind(2)
+    local = [steps[0]]
+    for step in steps[1:]:
+        local.append(complex_matmul(local[-1], step))
     local = torch.stack(local, dim=2)  # [N, n, c, 2, 4, 4]
     # exclusive scan over the chunk totals
     carry = identity_rotor(num_seq, device=rotors.device, dtype=rotors.dtype) if initial is None else initial
     carries = [carry]
-    for k in range(num_chunks - 1):
-        carries.append(_project(complex_matmul(carries[-1], local[:, k, -1])))
+    for total in local[:, :-1, -1].unbind(1):
+        carries.append(_project(complex_matmul(carries[-1], total)))
     carries = torch.stack(carries, dim=1)  # [N, n, 2, 4, 4]
     out = complex_matmul(carries[:, :, None].expand_as(local), local)
     return out.reshape(num_seq, num_chunks * chunk, 2, 4, 4)[:, :length]
