@@ -252,6 +252,7 @@ def parse_config_file(
             raise ConfigError(f"{path}: key `{name}` must be a mapping, got {values!r}.")
         found_mappings[name] = values
 
+    use_cpu_for_multi_process()
     parser = HfArgumentParser([top, *sections.values()])
     parser.set_defaults(**flat)
     try:
@@ -259,6 +260,18 @@ def parse_config_file(
     except ValueError as error:  # TrainingArguments.__post_init__ and unused command-line flags
         raise ConfigError(f"{path}: {error}") from error
     return RunConfig(path=path, args={type(obj): obj for obj in parsed}, mappings=found_mappings)
+
+
+def use_cpu_for_multi_process() -> None:
+    """Under a torchrun-style launcher (`LOCAL_RANK` set) on a machine without CUDA, select CPU DDP with gloo.
+
+    `accelerate launch` runs several CPU processes only through its multi-GPU (torchrun) launcher (its
+    MULTI_CPU mode needs MPI), and there accelerate would otherwise give each process a world of one.
+    """
+    import torch
+
+    if os.environ.get("LOCAL_RANK") is not None and not torch.cuda.is_available():
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
 
 
 def validate_data_args(path: str, data: DataArguments) -> None:
