@@ -193,3 +193,17 @@ def test_remote_code_reload_without_zpx_hf(tmp_path):
     with torch.no_grad():
         expected = model(**inputs).logits
     torch.testing.assert_close(result["output"], expected, rtol=0, atol=0)
+
+
+def test_gradient_checkpointing_matches():
+    torch.manual_seed(5)
+    model = VersorForCausalLM(tiny_config(mixer="hybrid"))
+    ids = torch.randint(3, 40, (2, 6))
+    model(ids, labels=ids).loss.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    model.gradient_checkpointing_enable()
+    model.train()
+    model(ids, labels=ids).loss.backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -116,3 +116,19 @@ def test_rra_op_state_continuation_and_local_rotors():
     identity, _ = recursive_rotor_accumulator(torch.zeros_like(bivectors), values)
     torch.testing.assert_close(identity, values, rtol=1e-5, atol=1e-5)
     assert bivector_to_multivector(torch.ones(10)).sum() == 10
+
+
+@pytest.mark.gpu
+def test_triton_scan_on_gpu_16k():
+    length = 16_384
+    bivectors = torch.zeros(8, length, 10, device="cuda")
+    bivectors[..., ROTATION] = torch.tanh(torch.randn(8, length, 6, device="cuda"))
+    rotors = rotor_exp_matrix(bivectors).requires_grad_(True)
+    prefix = rotor_scan_triton(rotors)
+    assert torch.isfinite(prefix).all() and float(rotor_norm_error(prefix[:, -1]).max()) < 1e-3
+    expected = rotor_scan_chunked(rotors)
+    torch.testing.assert_close(prefix, expected, rtol=1e-3, atol=1e-3)
+    grad_out = torch.randn_like(prefix)
+    got = torch.autograd.grad(prefix, rotors, grad_out)[0]
+    want = torch.autograd.grad(expected, rotors, grad_out)[0]
+    assert float((got - want).abs().max()) < 1e-2 * float(want.abs().max())

@@ -434,16 +434,17 @@ def geometric_product_attention(
     scalar_only: bool = False,
     output_weights: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Dispatch: `scalar_only` -> SDPA; `kernel="auto"` -> Triton for CUDA tensors without a padding mask
-    when Triton is importable, else the reference; `"reference"`/`"triton"` force a path. Attention weights
-    (`output_weights`) need the reference."""
+    """Dispatch: `scalar_only` -> SDPA; `kernel="auto"` -> Triton for CUDA tensors when Triton is importable,
+    else the reference; `"reference"` forces the reference, `"triton"` the kernel. The kernel handles causal
+    or unmasked attention; a padding mask (`attention_mask`) and attention weights (`output_weights`) take
+    the reference."""
     if kernel not in GPA_KERNELS:
         raise ValueError(f"GPA kernel {kernel!r} is unknown; use one of {list(GPA_KERNELS)}.")
     if output_weights or kernel == "reference":
         return gpa_reference(query, key, value, gamma, attention_mask, is_causal, scaling, eps)
     if scalar_only:
         return gpa_scalar_sdpa(query, key, value, attention_mask, is_causal, scaling), None
-    if kernel == "triton" or (HAS_TRITON and query.is_cuda and attention_mask is None):
+    if attention_mask is None and (kernel == "triton" or (HAS_TRITON and query.is_cuda)):
         return gpa_triton(query, key, value, gamma, attention_mask, is_causal, scaling, eps)
     return gpa_reference(query, key, value, gamma, attention_mask, is_causal, scaling, eps)
 
