@@ -207,3 +207,12 @@ def test_gradient_checkpointing_matches():
     model(ids, labels=ids).loss.backward()
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, expected[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_beam_search_and_sampling_with_the_recurrent_cache():
+    torch.manual_seed(6)
+    model = VersorForCausalLM(tiny_config(mixer="hybrid")).eval()
+    ids = torch.randint(3, 40, (2, 5))
+    beams = model.generate(ids, max_new_tokens=4, num_beams=3, do_sample=False)
+    assert torch.equal(beams, model.generate(ids, max_new_tokens=4, num_beams=3, do_sample=False, use_cache=False))
+    assert model.generate(ids, max_new_tokens=3, do_sample=True, num_return_sequences=2).shape == (4, 8)
