@@ -57,22 +57,26 @@ def attention_worker(path: str, length: int, device: str, heads: int, head_dim: 
         out, _ = op(q, torch.cat((k, features), -1), v, features, None, True, head_dim**-0.5, 1.0, 1.0)
         out.sum().backward()
 
-    step()  # warm-up (allocator, kernels)
+    # Peak memory of the first call, measured from just before it (a warm-up first would raise the
+    # process's peak RSS and hide the op's own peak); timing over the calls after it.
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
         base = _rss_bytes()
+    step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     start = time.perf_counter()
     repeats = 3
     for _ in range(repeats):
         step()
     if device == "cuda":
         torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     return {"ms": (time.perf_counter() - start) / repeats * 1e3, "peak_mib": max(peak, 0) / 2**20}
 
 
@@ -173,7 +177,8 @@ def main() -> None:
     by = {(r["L"], r["path"]): r for r in rows}
     lines = [
         f"ZPX attention, forward + backward, B=1, H={args.heads}, d={args.head_dim}, C={args.channels}, fp32, "
-        f"causal, device={args.device} (`python benchmarks/bench_zpx_memory.py`).",
+        f"causal, device={args.device} (`python benchmarks/bench_zpx_memory.py`; CPU peak = growth over the RSS "
+        "just before the first call).",
         "",
         "| L | materialised ms | materialised peak MiB | sdpa ms | sdpa peak MiB |",
         "|---:|---:|---:|---:|---:|",
