@@ -272,7 +272,7 @@ def test_lora_on_complex_projections_trains_and_merges():
         (dict(tau="sqrt"), "tau"),
         (dict(tau=-1.0), "tau"),
         (dict(attention_kernel="flash"), "attention_kernel"),
-        (dict(head_dim=7), "head_dim"),
+        (dict(head_dim=0), "head_dim"),
         (dict(attention_dropout=0.1), "attention_dropout"),
         (dict(qk_norm_eps=0.0), "qk_norm_eps"),
         (dict(gate_bias_init=float("nan")), "gate_bias_init"),
@@ -282,6 +282,14 @@ def test_lora_on_complex_projections_trains_and_merges():
 def test_bad_configs_name_the_field(overrides, field):
     with pytest.raises(ValueError, match=f"`{field}`"):
         tiny_config(**overrides)
+
+
+def test_odd_complex_head_dim_is_valid_with_rotary():
+    """Each complex feature is one rotary pair, so an odd complex head dim is fine for PCT."""
+    config = tiny_config(head_dim=7, rotary="srpe")
+    assert config.rotary_dim == 14
+    logits = PCTForCausalLM(config)(input_ids=torch.tensor([[3, 4, 5]])).logits
+    assert torch.isfinite(logits).all()
 
 
 def test_bad_inputs_fail_early_with_named_argument():

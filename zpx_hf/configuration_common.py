@@ -138,7 +138,7 @@ class GeometricConfig(PretrainedConfig):
         check_int("max_position_embeddings", self.max_position_embeddings)
         check_bool("allow_longer_positions", self.allow_longer_positions)
         check_choice("rotary", self.rotary, ROTARY_TYPES)
-        if self.rotary != "none" and self.head_dim % 2 != 0:
+        if self.rotary != "none" and self.rotary_dim % 2 != 0:
             _fail(
                 "head_dim",
                 self.head_dim,
@@ -161,6 +161,11 @@ class GeometricConfig(PretrainedConfig):
         if self.attention_dropout >= 1:
             _fail("attention_dropout", self.attention_dropout, "expected a probability in [0, 1).")
         self._validate_family()
+
+    @property
+    def rotary_dim(self) -> int:
+        """Real features per head that rotary positions rotate in pairs (PCT: 2 x complex head_dim)."""
+        return self.head_dim
 
     def _validate_family(self) -> None:
         """Family-specific checks; overridden by each family's config."""

@@ -51,6 +51,11 @@ class PCTConfig(GeometricConfig):
         self.mlp_bias = mlp_bias
         super().__init__(**kwargs)
 
+    @property
+    def rotary_dim(self) -> int:
+        """Complex features rotate one pair each: [re | im] of head dim d gives 2d real features."""
+        return 2 * self.head_dim
+
     def _validate_family(self) -> None:
         if isinstance(self.tau, str):
             check_choice("tau", self.tau, TAU_MODES)

@@ -40,7 +40,7 @@ from .modeling_blocks import (
 )
 from .modeling_complex import ComplexEmbedding, ComplexLinear, ComplexRMSNorm, ModReLU, complex_rotate
 from .ops_pct import pct_attention, pct_attention_weights
-from .rotary_srpe import SpiralRotaryEmbedding
+from .rotary_srpe import build_rotary
 
 
 def complex_l2_normalize(z: torch.Tensor, eps: float) -> torch.Tensor:
@@ -214,18 +214,8 @@ class PCTModel(PCTPreTrainedModel):
         self.layers = nn.ModuleList([PCTDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = ComplexRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.feature_size = 2 * config.hidden_size  # real features per token read by the heads: [re | im]
-        self.rotary_emb = None
-        if config.rotary != "none":
-            # One rotary pair per complex feature: the real head dim is 2d.
-            self.rotary_emb = SpiralRotaryEmbedding(
-                head_dim=2 * config.head_dim,
-                rotary=config.rotary,
-                theta0=config.rope_theta,
-                k_s=config.srpe_k,
-                a_s=config.srpe_a,
-                f_s=config.srpe_f,
-                max_position_embeddings=config.max_position_embeddings,
-            )
+        # One rotary pair per complex feature (`config.rotary_dim` = 2d real features).
+        self.rotary_emb = build_rotary(config)
         self.gradient_checkpointing = False
         self.post_init()
 

@@ -107,7 +107,7 @@ def build_rotary(config) -> SpiralRotaryEmbedding | None:
     if config.rotary == "none":
         return None
     return SpiralRotaryEmbedding(
-        head_dim=config.head_dim,
+        head_dim=config.rotary_dim,
         rotary=config.rotary,
         theta0=config.rope_theta,
         k_s=config.srpe_k,
