@@ -3,6 +3,7 @@
 
     python training/main_job.py                                   # configs/zpx-tiny.yaml -> runs/zpx-tiny
     python training/main_job.py --config configs/pct-tiny.yaml    # any family's config
+    python training/main_job.py --threads 1                       # torch intra-op threads (default: torch's)
     python training/main_job.py --max_steps 50                    # extra flags go to training/train.py
 
 No network is used: the corpus is CPython's embedded docs, the tasks are generated in code, and the
@@ -12,8 +13,11 @@ from the copied modelling code.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,28 +27,58 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train import REPO_ROOT, ConfigError, load_run_config, run_training  # noqa: E402
+from train import REPO_ROOT, ConfigError, DataArguments, load_run_config, run_training  # noqa: E402
 
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "zpx-tiny.yaml"
 PROMPT = 'The "if" statement'
+RELOAD_SCRIPT = """
+import json, sys
+sys.modules["zpx_hf"] = None  # prove the checkpoint is self-contained: the package cannot be imported
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging
+logging.set_verbosity_error()
+path, prompt, recall_prompt, report = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
+tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+inputs = tokenizer(prompt, return_tensors="pt")
+with torch.no_grad():
+    logits = model(**inputs).logits[0, -1].tolist()
+torch.manual_seed(0)
+out = model.generate(**inputs, max_new_tokens=160, do_sample=True, temperature=0.7, top_k=20,
+                     pad_token_id=tokenizer.pad_token_id)
+recall = model.generate(input_ids=torch.tensor([recall_prompt]), max_new_tokens=1, do_sample=False,
+                        pad_token_id=tokenizer.pad_token_id)
+with open(report, "w", encoding="utf-8") as f:
+    json.dump({"class": type(model).__module__ + "." + type(model).__name__, "logits": logits,
+               "sample": tokenizer.decode(out[0], skip_special_tokens=True),
+               "recall": tokenizer.decode(recall[0, -1:])}, f)
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    config = str(DEFAULT_CONFIG)
-    if "--config" in argv:
-        index = argv.index("--config")
-        config = argv[index + 1]
-        del argv[index : index + 2]
+    own = {"--config": str(DEFAULT_CONFIG), "--threads": None}
+    for flag in own:
+        if flag in argv:
+            index = argv.index(flag)
+            if index + 1 >= len(argv):
+                print(f"{flag} needs a value", file=sys.stderr)
+                return 2
+            own[flag] = argv[index + 1]
+            del argv[index : index + 2]
+    config = own["--config"]
     started = time.time()
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if own["--threads"] is not None:
+        torch.set_num_threads(int(own["--threads"]))
     from transformers.utils import logging
 
     from zpx_hf.data_tasks import task_examples
     from zpx_hf.evaluation import metrics_table
-    from zpx_hf.tokenization_bytes import ids_to_text
+    from zpx_hf.tokenization_bytes import build_byte_tokenizer, ids_to_text
 
     logging.set_verbosity_error()
     try:
@@ -56,42 +90,40 @@ def main(argv: list[str] | None = None) -> int:
     result = run_training(run)
     output_dir = result["output_dir"]
     trained = result["trainer"].model.eval()
+    tokenizer = build_byte_tokenizer()
 
-    print(f"[2/3] reloading {output_dir} through AutoModelForCausalLM (trust_remote_code=True)")
-    model = AutoModelForCausalLM.from_pretrained(output_dir, trust_remote_code=True).eval()
-    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    print(f"[2/3] reloading {output_dir} with AutoModelForCausalLM(trust_remote_code=True) in a fresh Python")
+    print("      where `import zpx_hf` is blocked: only the checkpoint's own code and files are used")
+    example = task_examples("mqar", 1, seed=12345, seq_len=None, num_pairs=run.args[DataArguments].mqar_num_pairs)[0]
+    first_answer = example["answer_mask"].index(1)
+    recall_prompt = example["input_ids"][:first_answer]
+    with tempfile.TemporaryDirectory() as tmp:
+        report = os.path.join(tmp, "reload.json")
+        subprocess.run(
+            [sys.executable, "-c", RELOAD_SCRIPT, output_dir, PROMPT, json.dumps(recall_prompt), report],
+            check=True,
+            stdin=subprocess.DEVNULL,
+        )
+        with open(report, encoding="utf-8") as f:
+            reloaded = json.load(f)
     inputs = tokenizer(PROMPT, return_tensors="pt")
     with torch.no_grad():
-        drift = (model(**inputs).logits - trained(**inputs).logits).abs().max().item()
-    print(
-        f"      loaded {type(model).__module__}.{type(model).__name__}; max |logit difference| vs trained: {drift:.2e}"
-    )
+        expected = trained(**inputs).logits[0, -1]
+    drift = (torch.tensor(reloaded["logits"]) - expected).abs().max().item()
+    print(f"      loaded {reloaded['class']}; max |logit difference| vs the trained model: {drift:.2e}")
 
     print("[3/3] samples from the reloaded checkpoint")
-    torch.manual_seed(0)
-    generated = model.generate(
-        **inputs, max_new_tokens=160, do_sample=True, temperature=0.7, top_k=20, pad_token_id=tokenizer.pad_token_id
-    )
-    print("---- text (sampled, temperature 0.7) ----")
-    print(tokenizer.decode(generated[0], skip_special_tokens=True))
-    example = task_examples("mqar", 1, seed=12345, seq_len=None, num_pairs=8)[0]
-    first_answer = example["answer_mask"].index(1)
-    prompt_ids = torch.tensor([example["input_ids"][:first_answer]])
-    with torch.no_grad():
-        answer = model.generate(
-            input_ids=prompt_ids, max_new_tokens=1, do_sample=False, pad_token_id=tokenizer.pad_token_id
-        )[0, -1:]
-    print("---- associative recall (greedy) ----")
-    print(
-        f"{ids_to_text(prompt_ids[0])} -> model: {ids_to_text(answer)!r}, "
-        f"expected: {ids_to_text([example['input_ids'][first_answer]])!r}"
-    )
+    print("---- text (sampled, temperature 0.7, top-k 20) ----")
+    print(reloaded["sample"])
+    print("---- associative recall (greedy, one query) ----")
+    answer = ids_to_text([example["input_ids"][first_answer]])
+    print(f"{ids_to_text(recall_prompt)} -> model: {reloaded['recall']!r}, expected: {answer!r}")
 
     print("---- final metrics ----")
     print(metrics_table(result["metrics"]))
     train = result["train_metrics"]
     print(
-        f"train loss {train.get('train_loss', float('nan')):.4f} | train {train.get('train_runtime', 0):.0f} s | "
+        f"train loss {train.get('train_loss', float('nan')):.4f} | train {train.get('train_runtime', 0):.1f} s | "
         f"total {time.time() - started:.0f} s | checkpoint: {output_dir} (report.md, metrics.json, loss_curve.png)"
     )
     return 0
