@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from zpx_hf.clifford_algebra import conformal_algebra
+from zpx_hf.modeling_blocks import build_attention_mask
 from zpx_hf.ops_gpa import (
     HAS_TRITON,
     geometric_product_attention,
@@ -106,10 +107,44 @@ def test_triton_equals_reference_fp16():
 
 
 @needs_triton
-def test_triton_rejects_padding_mask():
+@pytest.mark.parametrize(
+    "q_len,k_len,causal,padding",
+    [
+        (37, 37, True, [(20, 0), (0, 5)]),  # left padding longer than a key block, right padding
+        (37, 37, False, [(20, 0), (0, 5)]),
+        (1, 37, True, [(20, 0), (3, 0)]),  # decoding step over a padded cache
+        (5, 37, True, [(37, 0), (0, 0)]),  # a sequence that is all padding
+    ],
+)
+def test_triton_key_padding_equals_reference_with_built_mask(q_len, k_len, causal, padding):
+    q, k, v, gamma = _inputs(2, 2, q_len, k_len, 2, seed=k_len + q_len)
+    padding_mask = torch.ones(2, k_len, dtype=torch.long)
+    for b, (left, right) in enumerate(padding):
+        padding_mask[b, :left] = 0
+        padding_mask[b, k_len - right :] = 0
+    mask = build_attention_mask(padding_mask, 2, q_len, k_len, causal, q.device)
+    expected, _ = gpa_reference(q, k, v, gamma, attention_mask=mask)
+    grad_out = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad(expected, (q, k, v, gamma), grad_out)
+    out, _ = geometric_product_attention(
+        q, k, v, gamma, attention_mask=mask, kernel="triton", key_padding_mask=padding_mask, causal=causal
+    )
+    grads = torch.autograd.grad(out, (q, k, v, gamma), grad_out)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+
+
+@needs_triton
+def test_triton_rejects_dense_mask():
     q, k, v, gamma = (t.detach() for t in _inputs(1, 1, 4, 4, 1))
     with pytest.raises(ValueError, match="attention_mask=None"):
         gpa_triton(q, k, v, gamma, attention_mask=torch.ones(1, 1, 4, 4, dtype=torch.bool))
+    # a dense mask of unknown construction takes the reference
+    mask = torch.rand(1, 1, 4, 4) > 0.3
+    mask[..., 0] = True
+    out, _ = geometric_product_attention(q, k, v, gamma, attention_mask=mask, kernel="triton")
+    torch.testing.assert_close(out, gpa_reference(q, k, v, gamma, attention_mask=mask)[0])
 
 
 @pytest.mark.gpu

@@ -150,6 +150,18 @@ def test_kernel_paths_agree_inside_the_model():
             assert not torch.allclose(logits, reference)  # the bivector term matters
         else:
             torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-5)
+    # padded batches: the kernel with key padding equals the reference with the dense mask
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0
+    padded = VersorForCausalLM(tiny_config(mixer="hybrid", gpa_kernel="triton", rra_kernel="triton")).eval()
+    padded.load_state_dict(base.state_dict())
+    valid = mask.bool()
+    torch.testing.assert_close(
+        padded(ids, attention_mask=mask).logits[valid],
+        base(ids, attention_mask=mask).logits[valid],
+        rtol=1e-4,
+        atol=1e-5,
+    )
     # gradients through the Triton kernels match the reference path
     triton_model = VersorForCausalLM(tiny_config(mixer="hybrid", gpa_kernel="triton", rra_kernel="triton"))
     triton_model.load_state_dict(base.state_dict())

@@ -184,7 +184,7 @@ class VersorGPA(nn.Module):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        token_mask: torch.Tensor | None,
+        padding_mask: torch.Tensor | None,
         past_key_values: VersorCache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -210,6 +210,8 @@ class VersorGPA(nn.Module):
             kernel=self._kernel(),
             scalar_only=not self.config.gpa_bivector,
             output_weights=output_attentions,
+            key_padding_mask=padding_mask,
+            causal=self.is_causal,
         )
         output = output.transpose(1, 2).reshape(batch, length, -1, NUM_BLADES)
         return self.o_proj(output), weights
@@ -236,7 +238,7 @@ class VersorRRA(nn.Module):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        token_mask: torch.Tensor | None,
+        padding_mask: torch.Tensor | None,
         past_key_values: VersorCache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, None]:
@@ -244,7 +246,8 @@ class VersorRRA(nn.Module):
         raw = self.bivector_proj(hidden_states.reshape(batch, length, -1))
         bivectors = self.config.rra_bivector_scale * torch.tanh(raw.float())
         bivectors = bivectors.reshape(batch, length, self.num_heads, len(BIVECTOR_MASKS))
-        if token_mask is not None:
+        if padding_mask is not None:  # [B, past + L] -> this chunk's tokens
+            token_mask = padding_mask[:, -length:]
             bivectors = bivectors * token_mask[:, :, None, None].to(bivectors.dtype)
         local = None
         if self.config.rra_accumulate == "compact":
@@ -278,7 +281,7 @@ class VersorDecoderLayer(GradientCheckpointingLayer):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        token_mask: torch.Tensor | None = None,
+        padding_mask: torch.Tensor | None = None,
         past_key_values: VersorCache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -286,7 +289,7 @@ class VersorDecoderLayer(GradientCheckpointingLayer):
         hidden_states, weights = self.mixer(
             self.input_layernorm(hidden_states),
             attention_mask,
-            token_mask,
+            padding_mask,
             past_key_values=past_key_values,
             output_attentions=output_attentions,
         )
@@ -377,7 +380,6 @@ class VersorModel(VersorPreTrainedModel):
         mask = build_attention_mask(
             attention_mask, batch, length, past_length + length, self.config.causal, inputs_embeds.device
         )
-        token_mask = attention_mask[:, past_length:] if attention_mask is not None else None
 
         hidden_states = inputs_embeds.reshape(batch, length, self.config.num_channels, NUM_BLADES)
         all_hidden_states = () if output_hidden_states else None
@@ -388,7 +390,7 @@ class VersorModel(VersorPreTrainedModel):
             hidden_states, weights = layer(
                 hidden_states,
                 attention_mask=mask,
-                token_mask=token_mask,
+                padding_mask=attention_mask,
                 past_key_values=past_key_values,
                 output_attentions=output_attentions,
             )

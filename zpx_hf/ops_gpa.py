@@ -149,15 +149,36 @@ if HAS_TRITON:
             return tl.dot(a, b)
 
     @triton.jit
+    def _visible(offs_m, offs_n, n_mask, q_offset, k_len, KEY_VALID, batch, first_valid,
+                 IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr):  # fmt: skip
+        # query i (absolute position i + q_offset) sees key j: causal, not padding; a row with no such key
+        # sees every key (build_attention_mask's rule, so softmax never meets an empty row)
+        valid = n_mask[None, :] & (offs_m[:, None] >= 0)
+        if IS_CAUSAL:
+            valid = valid & (offs_n[None, :] <= offs_m[:, None] + q_offset)
+        if HAS_PADDING:
+            key_ok = tl.load(KEY_VALID + batch * k_len + offs_n, mask=n_mask, other=0) != 0
+            if IS_CAUSAL:
+                empty = offs_m + q_offset < first_valid
+            else:
+                empty = (offs_m * 0 + k_len - 1) < first_valid
+            valid = (valid & key_ok[None, :]) | (empty[:, None] & n_mask[None, :])
+        return valid
+
+    @triton.jit
     def _gpa_fwd_kernel(
-        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, O, LSE,
+        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, O, LSE, KEY_VALID, FIRST_VALID,
         num_heads, q_len, k_len, dim, q_offset, scale, eps,
-        IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+        IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, IEEE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         pid_m = tl.program_id(0)
         bh = tl.program_id(1)
         gamma = tl.load(GAMMA + bh % num_heads).to(tl.float32)
+        batch = bh // num_heads
+        first_valid = 0
+        if HAS_PADDING:
+            first_valid = tl.load(FIRST_VALID + batch)
         q_base = Q + bh * q_len * dim
         k_base = K + bh * k_len * dim
         v_base = V + bh * k_len * dim
@@ -174,6 +195,8 @@ if HAS_TRITON:
         hi = k_len
         if IS_CAUSAL:
             hi = tl.minimum(k_len, q_offset + (pid_m + 1) * BLOCK_M)
+            if HAS_PADDING:  # rows opened to every key
+                hi = tl.where(pid_m * BLOCK_M + q_offset < first_valid, k_len, hi)
         for start_n in range(0, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_mask = offs_n < k_len
@@ -185,19 +208,20 @@ if HAS_TRITON:
                 coefficient = _dot(q, tl.trans(km), IEEE)
                 square += coefficient * coefficient
             s = (scalar + gamma * tl.sqrt(square + eps)) * scale
-            valid = n_mask[None, :]
-            if IS_CAUSAL:
-                valid = valid & (offs_n[None, :] <= offs_m[:, None] + q_offset)
+            valid = _visible(offs_m, offs_n, n_mask, q_offset, k_len, KEY_VALID, batch, first_valid,
+                             IS_CAUSAL, HAS_PADDING)  # fmt: skip
             s = tl.where(valid, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a block with no visible key for a row
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(
                 v_base + offs_n[:, None] * dim + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0
             )
             acc = acc * alpha[:, None] + _dot(p.to(dtype), v, IEEE)
             m_i = m_new
+        l_i = tl.where(l_i == 0.0, 1.0, l_i)  # rows past q_len only (every real row sees a key)
         out = acc / l_i[:, None]
         tl.store(
             O + bh * q_len * dim + offs_m[:, None] * dim + offs_d[None, :],
@@ -208,15 +232,19 @@ if HAS_TRITON:
 
     @triton.jit
     def _gpa_bwd_dkdv_kernel(
-        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, QUERY_SIGN, DO, LSE, DELTA, DK, DV, DGAMMA,
+        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, QUERY_SIGN, DO, LSE, DELTA, DK, DV, DGAMMA, KEY_VALID, FIRST_VALID,
         num_heads, q_len, k_len, dim, q_offset, scale, eps, num_key_blocks,
-        IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+        IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, IEEE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         # s_m = Q'^(m) . K with Q'^(m)[B] = sign_m[B ^ C_m] Q[B ^ C_m], so dK = sum_m ds_m^T Q'^(m).
         pid_n = tl.program_id(0)
         bh = tl.program_id(1)
         gamma = tl.load(GAMMA + bh % num_heads).to(tl.float32)
+        batch = bh // num_heads
+        first_valid = 0
+        if HAS_PADDING:
+            first_valid = tl.load(FIRST_VALID + batch)
         q_base = Q + bh * q_len * dim
         do_base = DO + bh * q_len * dim
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -234,6 +262,8 @@ if HAS_TRITON:
         lo = 0
         if IS_CAUSAL:
             lo = tl.maximum(pid_n * BLOCK_N - q_offset, 0) // BLOCK_M * BLOCK_M
+            if HAS_PADDING:  # rows opened to every key
+                lo = tl.where(first_valid > q_offset, 0, lo)
         for start_m in range(lo, q_len, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             m_mask = offs_m < q_len
@@ -249,9 +279,8 @@ if HAS_TRITON:
                 square += coefficient * coefficient
             norm = tl.sqrt(square + eps)
             s = (scalar + gamma * norm) * scale
-            valid = n_mask[None, :] & m_mask[:, None]
-            if IS_CAUSAL:
-                valid = valid & (offs_n[None, :] <= offs_m[:, None] + q_offset)
+            valid = m_mask[:, None] & _visible(offs_m, offs_n, n_mask, q_offset, k_len, KEY_VALID, batch, first_valid,
+                                               IS_CAUSAL, HAS_PADDING)  # fmt: skip
             lse = tl.load(LSE + bh * q_len + offs_m, mask=m_mask, other=0.0)
             p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
             do = tl.load(
@@ -275,15 +304,19 @@ if HAS_TRITON:
 
     @triton.jit
     def _gpa_bwd_dq_kernel(
-        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, DO, LSE, DELTA, DQ,
+        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, DO, LSE, DELTA, DQ, KEY_VALID, FIRST_VALID,
         num_heads, q_len, k_len, dim, q_offset, scale, eps,
-        IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+        IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, IEEE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         # dQ = sum_j ds0_ij K^(0)_j + sum_m ds_m_ij K^(m)_j
         pid_m = tl.program_id(0)
         bh = tl.program_id(1)
         gamma = tl.load(GAMMA + bh % num_heads).to(tl.float32)
+        batch = bh // num_heads
+        first_valid = 0
+        if HAS_PADDING:
+            first_valid = tl.load(FIRST_VALID + batch)
         k_base = K + bh * k_len * dim
         v_base = V + bh * k_len * dim
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -301,6 +334,8 @@ if HAS_TRITON:
         hi = k_len
         if IS_CAUSAL:
             hi = tl.minimum(k_len, q_offset + (pid_m + 1) * BLOCK_M)
+            if HAS_PADDING:  # rows opened to every key
+                hi = tl.where(pid_m * BLOCK_M + q_offset < first_valid, k_len, hi)
         for start_n in range(0, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_mask = offs_n < k_len
@@ -313,9 +348,8 @@ if HAS_TRITON:
                 square += coefficient * coefficient
             norm = tl.sqrt(square + eps)
             s = (scalar + gamma * norm) * scale
-            valid = n_mask[None, :]
-            if IS_CAUSAL:
-                valid = valid & (offs_n[None, :] <= offs_m[:, None] + q_offset)
+            valid = _visible(offs_m, offs_n, n_mask, q_offset, k_len, KEY_VALID, batch, first_valid,
+                             IS_CAUSAL, HAS_PADDING)  # fmt: skip
             p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
             v = tl.load(
                 v_base + offs_n[:, None] * dim + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0
@@ -341,9 +375,22 @@ def _block_sizes(dim: int, device: torch.device) -> tuple[int, int, int, int]:
     return 32, 32, block_d, 4
 
 
+def _padding_tables(
+    key_padding_mask: torch.Tensor | None, batch: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 key validity [B, Lk] and the first valid key per sequence (Lk if none), for the kernels."""
+    if key_padding_mask is None:
+        empty = torch.zeros(batch, 1, dtype=torch.int8, device=device)
+        return empty, torch.zeros(batch, dtype=torch.int32, device=device)
+    valid = key_padding_mask.to(device=device, dtype=torch.bool)
+    length = valid.shape[1]
+    first = torch.where(valid.any(-1), valid.int().argmax(-1), torch.full_like(valid[:, 0], length, dtype=torch.long))
+    return valid.to(torch.int8).contiguous(), first.to(torch.int32).contiguous()
+
+
 class _GPATritonFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, query, key, value, gamma, is_causal, scaling, eps):  # type: ignore[override]
+    def forward(ctx, query, key, value, gamma, is_causal, scaling, eps, key_padding_mask):  # type: ignore[override]
         batch, heads, q_len, dim = query.shape
         k_len = key.shape[2]
         q = query.contiguous()
@@ -355,20 +402,22 @@ class _GPATritonFunction(torch.autograd.Function):
         out = torch.empty_like(q)
         lse = torch.empty(batch * heads, q_len, device=q.device, dtype=torch.float32)
         block_m, block_n, block_d, warps = _block_sizes(dim, q.device)
+        key_valid, first_valid = _padding_tables(key_padding_mask, batch, q.device)
         grid = (triton.cdiv(q_len, block_m), batch * heads)
         _gpa_fwd_kernel[grid](
-            q, k, v, gamma32, index, sign, out, lse,
+            q, k, v, gamma32, index, sign, out, lse, key_valid, first_valid,
             heads, q_len, k_len, dim, k_len - q_len, scaling, eps,
-            IS_CAUSAL=is_causal, IEEE=q.dtype == torch.float32,
+            IS_CAUSAL=is_causal, HAS_PADDING=key_padding_mask is not None, IEEE=q.dtype == torch.float32,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps,
         )  # fmt: skip
-        ctx.save_for_backward(q, k, v, gamma, out, lse)
+        ctx.save_for_backward(q, k, v, gamma, out, lse, key_valid, first_valid)
+        ctx.has_padding = key_padding_mask is not None
         ctx.settings = (is_causal, scaling, eps)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
-        q, k, v, gamma, out, lse = ctx.saved_tensors
+        q, k, v, gamma, out, lse, key_valid, first_valid = ctx.saved_tensors
         is_causal, scaling, eps = ctx.settings
         batch, heads, q_len, dim = q.shape
         k_len = k.shape[2]
@@ -383,19 +432,25 @@ class _GPATritonFunction(torch.autograd.Function):
         dk = torch.empty_like(k)
         dv = torch.empty_like(v)
         dgamma = torch.zeros(batch * heads, num_key_blocks, device=q.device, dtype=torch.float32)
-        common = dict(IS_CAUSAL=is_causal, IEEE=q.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n)
+        common = dict(
+            IS_CAUSAL=is_causal,
+            HAS_PADDING=ctx.has_padding,
+            IEEE=q.dtype == torch.float32,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+        )
         _gpa_bwd_dkdv_kernel[(num_key_blocks, batch * heads)](
-            q, k, v, gamma32, index, sign, query_sign, grad_out, lse, delta, dk, dv, dgamma,
+            q, k, v, gamma32, index, sign, query_sign, grad_out, lse, delta, dk, dv, dgamma, key_valid, first_valid,
             heads, q_len, k_len, dim, k_len - q_len, scaling, eps, num_key_blocks,
             BLOCK_D=block_d, num_warps=warps, **common,
         )  # fmt: skip
         _gpa_bwd_dq_kernel[(triton.cdiv(q_len, block_m), batch * heads)](
-            q, k, v, gamma32, index, sign, grad_out, lse, delta, dq,
+            q, k, v, gamma32, index, sign, grad_out, lse, delta, dq, key_valid, first_valid,
             heads, q_len, k_len, dim, k_len - q_len, scaling, eps,
             BLOCK_D=block_d, num_warps=warps, **common,
         )  # fmt: skip
         grad_gamma = dgamma.view(batch, heads, num_key_blocks).sum((0, 2)).to(gamma.dtype)
-        return dq, dk, dv, grad_gamma.view_as(gamma), None, None, None
+        return dq, dk, dv, grad_gamma.view_as(gamma), None, None, None, None
 
 
 def gpa_triton(
@@ -407,15 +462,23 @@ def gpa_triton(
     is_causal: bool = False,
     scaling: float | None = None,
     eps: float = 1e-6,
+    key_padding_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, None]:
-    """GPA through the fused Triton kernels (same signature as `gpa_reference`; weights are not formed)."""
+    """GPA through the fused Triton kernels (the signature of `gpa_reference`; weights are not formed).
+
+    Masking is `is_causal` (query i at absolute position i + Lk - Lq) and an optional `key_padding_mask`
+    [B, Lk] (True = real token) instead of a dense `attention_mask`; a query row that sees no key then
+    attends to every key, exactly as `build_attention_mask` makes the reference do."""
     if not HAS_TRITON:
         raise RuntimeError("gpa_triton needs `triton`; install it or use the reference (gpa_kernel='reference').")
     if attention_mask is not None:
-        raise ValueError("gpa_triton supports causal or unmasked attention; pass attention_mask=None.")
+        raise ValueError("gpa_triton takes is_causal and key_padding_mask; pass attention_mask=None.")
     _check_shapes(query, key, value)
+    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (key.shape[0], key.shape[2]):
+        raise ValueError(f"key_padding_mask must be [B, Lk] = {(key.shape[0], key.shape[2])}.")
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-    return _GPATritonFunction.apply(query, key, value, gamma, bool(is_causal), scaling, float(eps)), None
+    out = _GPATritonFunction.apply(query, key, value, gamma, bool(is_causal), scaling, float(eps), key_padding_mask)
+    return out, None
 
 
 GPA_KERNELS = ("auto", "reference", "triton")
@@ -433,19 +496,29 @@ def geometric_product_attention(
     kernel: str = "auto",
     scalar_only: bool = False,
     output_weights: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
+    causal: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Dispatch: `scalar_only` -> SDPA; `kernel="auto"` -> Triton for CUDA tensors when Triton is importable,
-    else the reference; `"reference"` forces the reference, `"triton"` the kernel. The kernel handles causal
-    or unmasked attention; a padding mask (`attention_mask`) and attention weights (`output_weights`) take
-    the reference."""
+    else the reference; `"reference"` forces the reference, `"triton"` the kernel; attention weights
+    (`output_weights`) need the reference.
+
+    The reference takes the dense boolean `attention_mask` [B, 1, Lq, Lk] and `is_causal`. The kernel takes
+    causality and 2-D key padding instead: pass `causal` (and `key_padding_mask`, [B, Lk]) when
+    `attention_mask` was built by `build_attention_mask(key_padding_mask, ..., causal)`; any other dense
+    mask takes the reference."""
     if kernel not in GPA_KERNELS:
         raise ValueError(f"GPA kernel {kernel!r} is unknown; use one of {list(GPA_KERNELS)}.")
     if output_weights or kernel == "reference":
         return gpa_reference(query, key, value, gamma, attention_mask, is_causal, scaling, eps)
     if scalar_only:
         return gpa_scalar_sdpa(query, key, value, attention_mask, is_causal, scaling), None
-    if attention_mask is None and (kernel == "triton" or (HAS_TRITON and query.is_cuda)):
-        return gpa_triton(query, key, value, gamma, attention_mask, is_causal, scaling, eps)
+    if kernel == "triton" or (HAS_TRITON and query.is_cuda):
+        if attention_mask is None:
+            return gpa_triton(query, key, value, gamma, None, is_causal, scaling, eps)
+        if causal is not None:
+            padding = None if key_padding_mask is None or bool(key_padding_mask.all()) else key_padding_mask
+            return gpa_triton(query, key, value, gamma, None, causal, scaling, eps, key_padding_mask=padding)
     return gpa_reference(query, key, value, gamma, attention_mask, is_causal, scaling, eps)
 
 
