@@ -27,7 +27,7 @@ class VersorConfig(GeometricConfig):
         gpa_bivector: `False` keeps only the scalar part `<Q~K>_0` (runs through SDPA).
         gpa_eps: epsilon inside the bivector norm `sqrt(sum <P>_2^2 + eps)`.
         gpa_kernel: `"auto"` (Triton on CUDA when installed, else the reference), `"reference"`, `"triton"`.
-            Batches with padding use the reference (the kernel handles causal/unmasked attention).
+            The kernel applies causal masking and key padding itself; attention weights need the reference.
         rra_kernel: `"auto"` (Triton on CUDA, else chunked), `"sequential"`, `"chunked"`, `"triton"`.
         rra_accumulate: `"compact"` accumulates the 6 rotation bivectors (unitary state, stable for any
             length) and applies the 4 boost bivectors per token; `"full"` accumulates all 10 as in the paper

@@ -14,7 +14,8 @@ dot products over D. The paths:
   the attention weights. O(L^2) memory.
 * `gpa_triton` - flash-style Triton kernels (forward; backward for dq, dk, dv, dgamma). Per tile the 11
   dot products are taken against sign-permuted key loads, combined, and fed to an online softmax;
-  only the per-row log-sum-exp is stored, so memory is O(L). Causal or no mask.
+  only the per-row log-sum-exp is stored, so memory is O(L). Causal masking and
+  key padding are applied in-kernel (no dense mask).
 * `gpa_scalar_sdpa` - gamma = 0 (scalar part only): <P>_0 = Q . (sign_0 * K), plain SDPA.
 
 `geometric_product_attention` is the one dispatch function.
