@@ -212,8 +212,12 @@ class SequenceRegressor:
                 self.read_out = nn.Linear(out_width, features)
 
             def forward(self, x: torch.Tensor) -> torch.Tensor:
-                hidden = self.backbone(inputs_embeds=self.read_in(x), use_cache=False).last_hidden_state
-                return self.read_out(hidden)
+                out = self.backbone(inputs_embeds=self.read_in(x), use_cache=False)
+                # ZPX centre-cancellation regulariser, added to the regression loss like the LM heads do
+                weight = getattr(self.backbone.config, "center_loss_weight", 0.0)
+                center = getattr(out, "center_loss", None)
+                self.aux_loss = weight * center if weight > 0 and center is not None else None
+                return self.read_out(out.last_hidden_state)
 
             def counted_parameters(self) -> int:
                 unused = sum(p.numel() for p in self.backbone.get_input_embeddings().parameters())
@@ -405,7 +409,9 @@ def run_lm_task(model: Any, task: str, spec: SizeSpec, seed: int) -> dict[str, A
     elif task == "passkey":
         for length in spec.passkey_lengths:
             data = as_dataset(lm_examples(task, spec.passkey_eval_examples, EVAL_SEED, spec, length=length))
-            result[f"passkey_em@{length}"] = task_accuracy(model, data, batch_size=8)["exact_match"]
+            metrics = task_accuracy(model, data, batch_size=8)
+            result[f"passkey_em@{length}"] = metrics["exact_match"]
+            result[f"passkey_digit_acc@{length}"] = metrics["token_accuracy"]
     else:
         data = as_dataset(lm_examples(task, spec.eval_examples, EVAL_SEED, spec))
         metrics = task_accuracy(model, data, batch_size=32)
@@ -456,7 +462,8 @@ def run_nbody(model: Any, spec: SizeSpec, seed: int) -> dict[str, Any]:
     def loss_fn(states: Any) -> Any:
         pred = model((states[:, :-1] - mean) / std)
         target = (states[:, 1:] - states[:, :-1]) / delta_std
-        return torch.nn.functional.mse_loss(pred, target)
+        loss = torch.nn.functional.mse_loss(pred, target)
+        return loss if model.aux_loss is None else loss + model.aux_loss
 
     losses = train_loop(model, loss_fn, sample, steps, spec.lr)
     data = nbody_data(spec, EVAL_SEED, spec.nbody_eval)
@@ -533,7 +540,7 @@ def metric_columns(spec: SizeSpec, tasks: list[str]) -> list[tuple[str, str, str
 def summarise(runs: list[dict[str, Any]], spec: SizeSpec, tasks: list[str]) -> list[dict[str, Any]]:
     from zpx_hf.metrics import aggregate_runs
 
-    keys = sorted({k for r in runs for k in r if k.startswith("passkey_em@")})
+    keys = sorted({k for r in runs for k in r if k.startswith(("passkey_em@", "passkey_digit_acc@"))})
     metric_keys = ["accuracy", "exact_match", "perplexity", "position_mse", "state_mse", "energy_drift"]
     metric_keys += keys + ["final_train_loss", "seconds", "params"]
     return aggregate_runs([r for r in runs if r.get("status") == "ok"], ["variant", "task"], metric_keys)
@@ -589,6 +596,17 @@ def findings(
                 f"beaten by: {', '.join(beating) or 'no trained variant'}"
             )
         lines.append(text + ".")
+    if any(c[0] == "passkey" for c in columns):
+        length = next(c[1].split("@")[1] for c in columns if c[0] == "passkey")
+        passkey = [
+            f"{v} {by[(v, 'passkey')][f'passkey_digit_acc@{length}_mean']:.2f}"
+            for v in variants
+            if f"passkey_digit_acc@{length}_mean" in by.get((v, "passkey"), {})
+        ]
+        if passkey:
+            lines.append(
+                f"- passkey digit accuracy at the trained length {length} (chance 0.10): {', '.join(passkey)}."
+            )
     return lines
 
 
@@ -725,7 +743,7 @@ def plots(aggregate: list[dict[str, Any]], spec: SizeSpec, variants: list[str], 
             ax.set_yticks(range(len(names)), names, fontsize=8)
             ax.invert_yaxis()
             ax.set_title(f"{label} ({'higher' if higher else 'lower'} is better)", fontsize=9)
-            if key in ("position_mse", "energy_drift", "perplexity") and means and min(means) > 0:
+            if means and min(means) > 0 and max(means) / min(means) > 20:
                 ax.set_xscale("log")
             ax.grid(axis="x", alpha=0.3)
         for ax in list(axes.flat)[len(columns) :]:
