@@ -38,6 +38,7 @@ import csv
 import datetime
 import json
 import math
+import multiprocessing
 import os
 import platform
 import sys
@@ -385,7 +386,7 @@ def lm_sampler(rows: list[list[int]] | dict[str, Any], batch: int) -> Callable[[
     return sample
 
 
-def run_lm_task(model: Any, task: str, spec: SizeSpec, seed: int) -> dict[str, Any]:
+def run_lm_task(model: Any, task: str, spec: SizeSpec, seed: int, device: str = "cpu") -> dict[str, Any]:
     from zpx_hf.evaluation import perplexity, task_accuracy
 
     steps = spec.steps[task]
@@ -398,6 +399,7 @@ def run_lm_task(model: Any, task: str, spec: SizeSpec, seed: int) -> dict[str, A
     sample = lm_sampler(rows, spec.batch)
 
     def loss_fn(batch: dict[str, Any]) -> Any:
+        batch = {k: v.to(device) for k, v in batch.items()}
         if "labels" not in batch:
             batch = {"input_ids": batch["input_ids"], "labels": batch["input_ids"]}
         return model(**batch, use_cache=False).loss
@@ -445,19 +447,19 @@ def nbody_reference(spec: SizeSpec) -> dict[str, Any]:
     }
 
 
-def run_nbody(model: Any, spec: SizeSpec, seed: int) -> dict[str, Any]:
+def run_nbody(model: Any, spec: SizeSpec, seed: int, device: str = "cpu") -> dict[str, Any]:
     import torch
 
     from zpx_hf.data_geometry import nbody_energy, split_state
     from zpx_hf.metrics import relative_energy_drift, rollout_mse
 
-    train = torch.tensor(nbody_data(spec, seed, spec.nbody_train)["states"])
+    train = torch.tensor(nbody_data(spec, seed, spec.nbody_train)["states"], device=device)
     mean, std = train.mean(dim=(0, 1)), train.std(dim=(0, 1))
     delta_std = (train[:, 1:] - train[:, :-1]).std(dim=(0, 1))
     steps = spec.steps["nbody"]
 
     def sample(generator: Any) -> Any:
-        return train[torch.randint(0, len(train), (spec.batch,), generator=generator)]
+        return train[torch.randint(0, len(train), (spec.batch,), generator=generator).to(device)]
 
     def loss_fn(states: Any) -> Any:
         pred = model((states[:, :-1] - mean) / std)
@@ -467,15 +469,15 @@ def run_nbody(model: Any, spec: SizeSpec, seed: int) -> dict[str, Any]:
 
     losses = train_loop(model, loss_fn, sample, steps, spec.lr)
     data = nbody_data(spec, EVAL_SEED, spec.nbody_eval)
-    states = torch.tensor(data["states"])
+    states = torch.tensor(data["states"], device=device)
     model.eval()
     with torch.no_grad():
         sequence = states[:, :NBODY_CONTEXT]
         for _ in range(NBODY_ROLLOUT):
             delta = model((sequence - mean) / std)[:, -1] * delta_std
             sequence = torch.cat((sequence, (sequence[:, -1] + delta)[:, None]), dim=1)
-    pred = sequence[:, NBODY_CONTEXT:].double().numpy()
-    true = states[:, NBODY_CONTEXT:].double().numpy()
+    pred = sequence[:, NBODY_CONTEXT:].double().cpu().numpy()
+    true = states[:, NBODY_CONTEXT:].double().cpu().numpy()
     pred_x, pred_v = split_state(pred, 5, 3)
     true_x, _ = split_state(true, 5, 3)
     final_e = nbody_energy(pred_x[:, -1], pred_v[:, -1], np.ones((len(pred), 5)))
@@ -500,10 +502,12 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     try:
         torch.manual_seed(job["seed"])
         model = build_model(job["variant"], job["task"], job["width"]["hidden"], job["width"]["intermediate"], spec)
+        device = job.get("device", "cpu")
+        model.to(device)
         if job["task"] == "nbody":
-            row.update(run_nbody(model, spec, job["seed"]))
+            row.update(run_nbody(model, spec, job["seed"], device))
         else:
-            row.update(run_lm_task(model, job["task"], spec, job["seed"]))
+            row.update(run_lm_task(model, job["task"], spec, job["seed"], device))
         row["status"] = "ok"
     except Exception as error:  # recorded in the results as "not run" with the reason
         row["status"] = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
@@ -789,6 +793,12 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} CPU cores, torch {torch.__version__}, Python {platform.python_version()}"
 
 
+def gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
@@ -796,6 +806,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--workers", type=int, default=2, help="parallel worker processes (1 thread each)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda: models train on the GPU, fp32)")
     parser.add_argument("--tolerance", type=float, default=0.10, help="parameter-count match tolerance")
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--tag", default=None, help="output file stem (default ablation_<size>)")
@@ -848,6 +859,7 @@ def main(argv: list[str] | None = None) -> None:
             "seed": seed,
             "spec": asdict(spec),
             "width": widths[f"{variant}/{task}"],
+            "device": args.device,
         }
         for task in sorted(args.tasks, key=lambda t: cost.get(t, 9))
         for variant in sorted(args.variants, key=lambda v: VARIANTS[v]["family"] != "versor")
@@ -855,7 +867,9 @@ def main(argv: list[str] | None = None) -> None:
     ]
     runs: list[dict[str, Any]] = []
     with open(stem.with_suffix(".jsonl"), "w") as log:
-        with concurrent.futures.ProcessPoolExecutor(max_workers=args.workers) as pool:
+        # CUDA cannot be used in forked children once initialised: spawn workers for GPU runs.
+        context = multiprocessing.get_context("spawn" if args.device != "cpu" else None)
+        with concurrent.futures.ProcessPoolExecutor(max_workers=args.workers, mp_context=context) as pool:
             for future in concurrent.futures.as_completed([pool.submit(run_job, job) for job in jobs]):
                 row = future.result()
                 runs.append(row)
@@ -869,7 +883,7 @@ def main(argv: list[str] | None = None) -> None:
     meta = {
         "command": "python benchmarks/ablation.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine(),
+        "machine": machine() + (f", trained on {gpu_name()}" if args.device != "cpu" else ""),
         "seeds": seeds,
         "wall_minutes": (time.perf_counter() - started) / 60,
         "size": asdict(spec),
