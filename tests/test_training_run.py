@@ -197,3 +197,18 @@ def test_push_to_hub_uploads_the_self_contained_checkpoint(tmp_path, monkeypatch
     model = AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)
     assert AutoTokenizer.from_pretrained(repo).vocab_size == 260
     assert model.config.model_type == "zpx"
+
+
+def test_pipeline_runs_with_the_network_blocked(tmp_path, monkeypatch):
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise OSError("network access attempted during an offline training run")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    result = run_training(
+        load_run_config(MICRO, ["--output_dir", str(tmp_path / "offline"), "--max_steps", "2", "--tasks", "passkey"])
+    )
+    assert result["trainer"].state.global_step == 2
+    assert (tmp_path / "offline" / "model.safetensors").exists()
