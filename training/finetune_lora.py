@@ -58,7 +58,8 @@ class LoraArguments:
     alpha: float = field(default=16.0, metadata={"help": "LoRA scaling numerator lora_alpha."})
     dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA input."})
     target_modules: list[str] | None = field(
-        default=None, metadata={"help": "Module names to adapt; default: the family's list, else all-linear."}
+        default=None,
+        metadata={"help": "Module names to adapt; null or [default]: the family's list, else all-linear."},
     )
     bias: str = field(default="none", metadata={"help": "peft bias mode: none, all or lora_only."})
 
@@ -96,7 +97,10 @@ def load_finetune_config(path: str, cli_args: Sequence[str] = ()) -> RunConfig:
 
 
 def lora_targets(model_type: str, requested: list[str] | None) -> list[str] | str:
-    return requested if requested else LORA_TARGETS.get(model_type, "all-linear")
+    """The requested module names, or (for None / `[default]`) the family's list, else every linear layer."""
+    if requested and requested != ["default"]:
+        return requested
+    return LORA_TARGETS.get(model_type, "all-linear")
 
 
 def merged_logit_difference(peft_model: Any, inputs: dict[str, Any]) -> tuple[Any, float]:

@@ -1,0 +1,66 @@
+"""The pipeline is family-agnostic: every family's tiny config trains a few steps, saves a checkpoint with a
+filled model card, and reloads through AutoModelForCausalLM."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import zpx_hf
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "training"))
+
+from train import load_run_config, run_training  # noqa: E402
+
+SMALL = [
+    *("--max_steps", "2", "--save_strategy", "no", "--logging_steps", "1", "--disable_tqdm", "true"),
+    *("--max_train_blocks", "32", "--max_eval_blocks", "4", "--train_examples_per_task", "16"),
+    *("--eval_examples_per_task", "4", "--per_device_train_batch_size", "4"),
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("family", sorted(f for f in zpx_hf.FAMILIES if (ROOT / "configs" / f"{f}-tiny.yaml").exists()))
+def test_family_tiny_config_trains_saves_and_reloads(family, tmp_path):
+    output_dir = tmp_path / family
+    run = load_run_config(str(ROOT / "configs" / f"{family}-tiny.yaml"), [*SMALL, "--output_dir", str(output_dir)])
+    result = run_training(run)
+    assert result["trainer"].state.global_step == 2
+    card = (output_dir / "README.md").read_text()
+    assert f"- {family}" in card.split("---")[1] and "${" not in card
+    assert (ROOT / "model_cards" / f"{family}.md").exists()
+    assert (output_dir / "model.safetensors").exists() and (output_dir / "tokenizer.json").exists()
+    model = AutoModelForCausalLM.from_pretrained(output_dir, trust_remote_code=True).eval()
+    ids = torch.tensor([[1, 70, 71, 72, 73]])
+    with torch.no_grad():
+        expected = result["trainer"].model.eval()(input_ids=ids).logits
+        torch.testing.assert_close(model(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", sorted(f for f in zpx_hf.FAMILIES if (ROOT / "configs" / f"{f}-tiny.yaml").exists()))
+def test_family_lora_default_targets_merge_exactly(family, tmp_path):
+    from finetune_lora import LORA_TARGETS, FinetuneArguments, LoraArguments, load_finetune_config, run_finetune
+
+    base = tmp_path / "base"
+    run_training(load_run_config(str(ROOT / "configs" / f"{family}-tiny.yaml"), [*SMALL, "--output_dir", str(base)]))
+    lora = load_finetune_config(
+        str(ROOT / "configs" / "zpx-tiny-lora.yaml"),
+        [*SMALL, "--base_model", str(base), "--output_dir", str(tmp_path / "adapter"), "--target_modules", "default"],
+    )
+    lora[FinetuneArguments].merged_output_dir = None
+    assert lora[LoraArguments].target_modules == ["default"]
+    result = run_finetune(lora)
+    assert result["metrics"]["merge_max_abs_logit_difference"] < 1e-5
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+    if family in LORA_TARGETS:
+        assert "q_proj" in (tmp_path / "adapter" / "adapter_config.json").read_text()
