@@ -137,3 +137,18 @@ def test_local_text_and_jsonl_files_load_offline(tmp_path, monkeypatch):
         load_documents(str(jsonl), text_column="text")
     with pytest.raises(FileNotFoundError, match="data.text_source"):
         load_documents(str(tmp_path / "missing.txt"))
+
+
+def test_local_dataset_folders_load_offline(tmp_path):
+    from datasets import Dataset, DatasetDict
+
+    Dataset.from_dict({"text": ["alpha", "beta"]}).save_to_disk(str(tmp_path / "saved"))
+    assert load_documents(str(tmp_path / "saved")) == ["alpha", "beta"]
+    DatasetDict({"validation": Dataset.from_dict({"text": ["gamma"]})}).save_to_disk(str(tmp_path / "dict"))
+    assert load_documents(str(tmp_path / "dict"), split="validation") == ["gamma"]
+    with pytest.raises(ValueError, match="data.dataset_split"):
+        load_documents(str(tmp_path / "dict"))
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "train.jsonl").write_text(json.dumps({"text": "delta"}) + "\n" + json.dumps({"text": "epsilon"}))
+    assert load_documents(str(files)) == ["delta", "epsilon"]

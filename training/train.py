@@ -60,7 +60,8 @@ class DataArguments:
         default="pydoc",
         metadata={
             "help": "'pydoc' (CPython's embedded docs), 'none' (tasks only), a local .txt/.md/.json/.jsonl/.csv/"
-            ".parquet file, or a dataset id that `datasets` can load (offline: from the cache)."
+            ".parquet file, a local folder (save_to_disk output or data files), or a dataset id that `datasets` "
+            "can load (offline: from the cache)."
         },
     )
     text_column: str = field(default="text", metadata={"help": "Text column of json/csv/parquet/Hub data."})

@@ -199,25 +199,16 @@ def load_documents(
     max_documents: int | None = None,
 ) -> list[str]:
     """Documents from `"pydoc"` (embedded), a local file (txt/md: one document per paragraph;
-    json/jsonl/csv/parquet: `text_column`) or a dataset id that `datasets` can load (offline: cached)."""
+    json/jsonl/csv/parquet: `text_column`), a local folder (`save_to_disk` output or data files), or a
+    dataset id that `datasets` can load (offline: from the cache)."""
     if source == "pydoc":
         documents = pydoc_documents()
     else:
-        from datasets import load_dataset
-
         if is_local_source(source):
-            path = os.path.expanduser(source)
-            if not os.path.exists(path):
-                raise FileNotFoundError(f"config key `data.text_source`: no such file {source!r}.")
-            builder = TEXT_FILE_BUILDERS.get(os.path.splitext(path)[1].lower())
-            if builder is None:
-                raise ValueError(
-                    f"config key `data.text_source`: cannot read {source!r}; "
-                    f"expected one of {sorted(TEXT_FILE_BUILDERS)} or 'pydoc'."
-                )
-            extra = {"sample_by": "paragraph"} if builder == "text" else {}
-            dataset = load_dataset(builder, data_files=path, split="train", **extra)
+            dataset = _load_local(os.path.expanduser(source), split)
         else:
+            from datasets import load_dataset
+
             dataset = load_dataset(source, dataset_config_name, split=split)
         if text_column not in dataset.column_names:
             raise ValueError(
@@ -226,6 +217,31 @@ def load_documents(
             )
         documents = [text for text in dataset[text_column] if isinstance(text, str) and text.strip()]
     return documents[:max_documents] if max_documents else documents
+
+
+def _load_local(path: str, split: str) -> Any:
+    from datasets import DatasetDict, load_dataset, load_from_disk
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"config key `data.text_source`: no such file {path!r}.")
+    if os.path.isdir(path):
+        saved = ("dataset_info.json", "dataset_dict.json")
+        if not any(os.path.exists(os.path.join(path, name)) for name in saved):
+            return load_dataset(path, split=split)  # a folder of data files
+        dataset = load_from_disk(path)
+        if isinstance(dataset, DatasetDict):
+            if split not in dataset:
+                raise ValueError(f"config key `data.dataset_split`: {split!r} not in {path!r} ({list(dataset)}).")
+            dataset = dataset[split]
+        return dataset
+    builder = TEXT_FILE_BUILDERS.get(os.path.splitext(path)[1].lower())
+    if builder is None:
+        raise ValueError(
+            f"config key `data.text_source`: cannot read {path!r}; expected a folder, one of "
+            f"{sorted(TEXT_FILE_BUILDERS)}, or 'pydoc'."
+        )
+    extra = {"sample_by": "paragraph"} if builder == "text" else {}
+    return load_dataset(builder, data_files=path, split="train", **extra)
 
 
 def pack_documents(documents: Sequence[str], seq_len: int, max_blocks: int | None = None) -> list[list[int]]:
