@@ -881,7 +881,7 @@ def main(argv: list[str] | None = None) -> None:
     runs.sort(key=lambda r: (list(VARIANTS).index(r["variant"]), list(TASKS).index(r["task"]), r["seed"]))
     reference = nbody_reference(spec) if "nbody" in args.tasks else None
     meta = {
-        "command": "python benchmarks/ablation.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": " ".join(["python benchmarks/ablation.py", *(argv if argv is not None else sys.argv[1:])]),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine() + (f", trained on {gpu_name()}" if args.device != "cpu" else ""),
         "seeds": seeds,

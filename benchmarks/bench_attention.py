@@ -216,7 +216,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         "Forward + backward of one attention op, causal, 64 features per head "
         "(ZPX: + 5 x 4 phase features; PCT: complex d = 32; GPA/RRA: 2 multivector channels). "
-        "Cells: time ms / peak MiB.",
+        "Cells: time ms / peak MiB. CPU times are wall-clock medians on a machine that may be shared "
+        "(noisy, compare orders of magnitude); CPU memory is the peak-RSS growth of a fresh process.",
     ]
     for device in sorted({r["device"] for r in rows}):
         sub = [r for r in rows if r["device"] == device]
@@ -296,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     meta = {
-        "command": "python benchmarks/bench_attention.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": " ".join(["python benchmarks/bench_attention.py", *(argv if argv is not None else sys.argv[1:])]),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}"
         + (f", {gpu}" if gpu else ""),

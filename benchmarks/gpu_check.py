@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"FAIL {name} crashed: {type(error).__name__}: {error}\n{traceback.format_exc(limit=4)}", flush=True)
     bench = [] if args.quick else benchmark(args.lengths)
     meta = {
-        "command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": " ".join(["python benchmarks/gpu_check.py", *(argv if argv is not None else sys.argv[1:])]),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else "CPU (TRITON_INTERPRET=1 smoke test)",
         "torch": torch.__version__,
