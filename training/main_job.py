@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
-    print(f"[1/3] training {run.model_config.model_type} from {config} ({torch.get_num_threads()} CPU threads)")
+    threads = torch.get_num_threads()
+    print(f"[1/3] training {run.model_config.model_type} from {config} ({threads} CPU thread{'s' * (threads != 1)})")
     result = run_training(run)
     output_dir = result["output_dir"]
     trained = result["trainer"].model.eval()
