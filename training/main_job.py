@@ -5,6 +5,7 @@
     python training/main_job.py --config configs/pct-tiny.yaml    # any family's config
     python training/main_job.py --threads 2                       # torch intra-op threads (default 1)
     python training/main_job.py --max_steps 50                    # extra flags go to training/train.py
+    python training/main_job.py --summary benchmarks/results/main_job.md   # also write the README summary
 
 No network is used: the corpus is CPython's embedded docs, the tasks are generated in code, and the
 checkpoint is reloaded offline through `AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True)`
@@ -62,7 +63,7 @@ with open(report, "w", encoding="utf-8") as f:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    own = {"--config": str(DEFAULT_CONFIG), "--threads": "1"}
+    own = {"--config": str(DEFAULT_CONFIG), "--threads": "1", "--summary": ""}
     for flag in own:
         if flag in argv:
             index = argv.index(flag)
@@ -126,11 +127,50 @@ def main(argv: list[str] | None = None) -> int:
     print("---- final metrics ----")
     print(metrics_table(result["metrics"]))
     train = result["train_metrics"]
+    total = time.time() - started
     print(
         f"train loss {train.get('train_loss', float('nan')):.4f} | train {train.get('train_runtime', 0):.1f} s | "
-        f"total {time.time() - started:.0f} s | checkpoint: {output_dir} (report.md, metrics.json, loss_curve.png)"
+        f"total {total:.0f} s | checkpoint: {output_dir} (report.md, metrics.json, loss_curve.png)"
     )
+    if own["--summary"]:
+        write_summary(Path(own["--summary"]), config, run, result, total, threads, drift, reloaded["sample"])
     return 0
+
+
+def write_summary(
+    path: Path, config: str, run, result: dict, total: float, threads: int, drift: float, sample: str
+) -> None:
+    """The README's main-job section: command, machine, runtime and the measured metrics."""
+    import platform
+
+    import torch
+    import transformers
+
+    from zpx_hf.evaluation import metrics_table
+
+    train = result["train_metrics"]
+    model = result["trainer"].model
+    steps = max(result["trainer"].state.global_step, 1)
+    params = sum(p.numel() for p in model.parameters())
+    snippet = " ".join(sample.split())[:160]
+    lines = [
+        f"Measured by `python training/main_job.py --summary {path.as_posix()}` on "
+        f"{time.strftime('%Y-%m-%d')} ({platform.machine()}, {os.cpu_count()} CPU cores, {threads} intra-op "
+        f"thread{'s' * (threads != 1)}, torch {torch.__version__}, transformers {transformers.__version__}), "
+        f"config `{Path(config).relative_to(REPO_ROOT) if Path(config).is_absolute() else config}`, "
+        f"{run.model_config.model_type} with {params:,} parameters:",
+        "",
+        f"- wall time {total:.0f} s in total (training {train.get('train_runtime', 0):.0f} s, "
+        f"{steps} steps, {train.get('train_runtime', 0) / steps:.2f} s/step), "
+        f"final training loss {train.get('train_loss', float('nan')):.3f};",
+        f"- reload through `AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True)` in a Python "
+        f"without zpx_hf: max |logit difference| {drift:.1e};",
+        f"- sampled text: `{snippet}`",
+        "",
+        metrics_table(result["metrics"]),
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
