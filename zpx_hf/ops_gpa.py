@@ -143,11 +143,13 @@ if HAS_TRITON:
         return (x * sign[None, :]).to(dtype)
 
     @triton.jit
-    def _dot(a, b, IEEE: tl.constexpr):
-        if IEEE:
-            return tl.dot(a, b, input_precision="ieee")
-        else:
+    def _dot(a, b, PRECISION: tl.constexpr):
+        # fp32 operands: "ieee" (interpreter) or "tf32x3" (CUDA: tensor cores at ~fp32 accuracy; the plain
+        # FMA path needs more shared memory than a GPU has for these tiles); fp16/bf16: the default
+        if PRECISION == "default":
             return tl.dot(a, b)
+        else:
+            return tl.dot(a, b, input_precision=PRECISION)
 
     @triton.jit
     def _visible(offs_m, offs_n, n_mask, q_offset, k_len, KEY_VALID, batch, first_valid,
@@ -170,7 +172,7 @@ if HAS_TRITON:
     def _gpa_fwd_kernel(
         Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, O, LSE, KEY_VALID, FIRST_VALID,
         num_heads, q_len, k_len, dim, q_offset, scale, eps,
-        IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, IEEE: tl.constexpr,
+        IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         pid_m = tl.program_id(0)
@@ -202,11 +204,11 @@ if HAS_TRITON:
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_mask = offs_n < k_len
             k0 = _load_form(k_base, offs_n, n_mask, offs_d, d_mask, dim, 0, FORM_INDEX, FORM_SIGN, dtype)
-            scalar = _dot(q, tl.trans(k0), IEEE)
+            scalar = _dot(q, tl.trans(k0), PRECISION)
             square = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for form in tl.static_range(1, 11):
+            for form in range(1, 11):
                 km = _load_form(k_base, offs_n, n_mask, offs_d, d_mask, dim, form, FORM_INDEX, FORM_SIGN, dtype)
-                coefficient = _dot(q, tl.trans(km), IEEE)
+                coefficient = _dot(q, tl.trans(km), PRECISION)
                 square += coefficient * coefficient
             s = (scalar + gamma * tl.sqrt(square + eps)) * scale
             valid = _visible(offs_m, offs_n, n_mask, q_offset, k_len, KEY_VALID, batch, first_valid,
@@ -220,7 +222,7 @@ if HAS_TRITON:
             v = tl.load(
                 v_base + offs_n[:, None] * dim + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0
             )
-            acc = acc * alpha[:, None] + _dot(p.to(dtype), v, IEEE)
+            acc = acc * alpha[:, None] + _dot(p.to(dtype), v, PRECISION)
             m_i = m_new
         l_i = tl.where(l_i == 0.0, 1.0, l_i)  # rows past q_len only (every real row sees a key)
         out = acc / l_i[:, None]
@@ -235,7 +237,7 @@ if HAS_TRITON:
     def _gpa_bwd_dkdv_kernel(
         Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, QUERY_SIGN, DO, LSE, DELTA, DK, DV, DGAMMA, KEY_VALID, FIRST_VALID,
         num_heads, q_len, k_len, dim, q_offset, scale, eps, num_key_blocks,
-        IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, IEEE: tl.constexpr,
+        IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         # s_m = Q'^(m) . K with Q'^(m)[B] = sign_m[B ^ C_m] Q[B ^ C_m], so dK = sum_m ds_m^T Q'^(m).
@@ -271,12 +273,12 @@ if HAS_TRITON:
             scalar = _dot(
                 _load_form(q_base, offs_m, m_mask, offs_d, d_mask, dim, 0, FORM_INDEX, QUERY_SIGN, dtype),
                 tl.trans(k),
-                IEEE,
-            )  # noqa: E501
+                PRECISION,
+            )
             square = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for form in tl.static_range(1, 11):
+            for form in range(1, 11):
                 qm = _load_form(q_base, offs_m, m_mask, offs_d, d_mask, dim, form, FORM_INDEX, QUERY_SIGN, dtype)
-                coefficient = _dot(qm, tl.trans(k), IEEE)
+                coefficient = _dot(qm, tl.trans(k), PRECISION)
                 square += coefficient * coefficient
             norm = tl.sqrt(square + eps)
             s = (scalar + gamma * norm) * scale
@@ -288,17 +290,17 @@ if HAS_TRITON:
                 do_base + offs_m[:, None] * dim + offs_d[None, :], mask=m_mask[:, None] & d_mask[None, :], other=0.0
             )  # noqa: E501
             delta = tl.load(DELTA + bh * q_len + offs_m, mask=m_mask, other=0.0)
-            dv += _dot(tl.trans(p.to(dtype)), do, IEEE)
-            dp = _dot(do, tl.trans(v), IEEE)
+            dv += _dot(tl.trans(p.to(dtype)), do, PRECISION)
+            dp = _dot(do, tl.trans(v), PRECISION)
             ds = p * (dp - delta[:, None]) * scale  # dL/d(score before scaling)
             dgamma += tl.sum(ds * norm, 0)
             q0 = _load_form(q_base, offs_m, m_mask, offs_d, d_mask, dim, 0, FORM_INDEX, QUERY_SIGN, dtype)
-            dk += _dot(tl.trans(ds.to(dtype)), q0, IEEE)
+            dk += _dot(tl.trans(ds.to(dtype)), q0, PRECISION)
             ds_norm = ds * gamma / norm
-            for form in tl.static_range(1, 11):
+            for form in range(1, 11):
                 qm = _load_form(q_base, offs_m, m_mask, offs_d, d_mask, dim, form, FORM_INDEX, QUERY_SIGN, dtype)
-                coefficient = _dot(qm, tl.trans(k), IEEE)
-                dk += _dot(tl.trans((ds_norm * coefficient).to(dtype)), qm, IEEE)
+                coefficient = _dot(qm, tl.trans(k), PRECISION)
+                dk += _dot(tl.trans((ds_norm * coefficient).to(dtype)), qm, PRECISION)
         tl.store(DK + kv_offsets, dk.to(dtype), mask=kv_mask)
         tl.store(DV + kv_offsets, dv.to(dtype), mask=kv_mask)
         tl.store(DGAMMA + bh * num_key_blocks + pid_n, tl.sum(dgamma, 0))
@@ -307,7 +309,7 @@ if HAS_TRITON:
     def _gpa_bwd_dq_kernel(
         Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, DO, LSE, DELTA, DQ, KEY_VALID, FIRST_VALID,
         num_heads, q_len, k_len, dim, q_offset, scale, eps,
-        IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, IEEE: tl.constexpr,
+        IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         # dQ = sum_j ds0_ij K^(0)_j + sum_m ds_m_ij K^(m)_j
@@ -341,11 +343,11 @@ if HAS_TRITON:
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_mask = offs_n < k_len
             k0 = _load_form(k_base, offs_n, n_mask, offs_d, d_mask, dim, 0, FORM_INDEX, FORM_SIGN, dtype)
-            scalar = _dot(q, tl.trans(k0), IEEE)
+            scalar = _dot(q, tl.trans(k0), PRECISION)
             square = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for form in tl.static_range(1, 11):
+            for form in range(1, 11):
                 km = _load_form(k_base, offs_n, n_mask, offs_d, d_mask, dim, form, FORM_INDEX, FORM_SIGN, dtype)
-                coefficient = _dot(q, tl.trans(km), IEEE)
+                coefficient = _dot(q, tl.trans(km), PRECISION)
                 square += coefficient * coefficient
             norm = tl.sqrt(square + eps)
             s = (scalar + gamma * norm) * scale
@@ -355,25 +357,36 @@ if HAS_TRITON:
             v = tl.load(
                 v_base + offs_n[:, None] * dim + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0
             )
-            dp = _dot(do, tl.trans(v), IEEE)
+            dp = _dot(do, tl.trans(v), PRECISION)
             ds = p * (dp - delta[:, None]) * scale
-            dq += _dot(ds.to(dtype), k0, IEEE)
+            dq += _dot(ds.to(dtype), k0, PRECISION)
             ds_norm = ds * gamma / norm
-            for form in tl.static_range(1, 11):
+            for form in range(1, 11):
                 km = _load_form(k_base, offs_n, n_mask, offs_d, d_mask, dim, form, FORM_INDEX, FORM_SIGN, dtype)
-                coefficient = _dot(q, tl.trans(km), IEEE)
-                dq += _dot((ds_norm * coefficient).to(dtype), km, IEEE)
+                coefficient = _dot(q, tl.trans(km), PRECISION)
+                dq += _dot((ds_norm * coefficient).to(dtype), km, PRECISION)
         tl.store(DQ + q_offsets, dq.to(dtype), mask=q_mask)
 
 
+def _precision(x: torch.Tensor) -> str:
+    if x.dtype != torch.float32:
+        return "default"
+    return "tf32x3" if x.is_cuda else "ieee"
+
+
 def _block_sizes(dim: int, device: torch.device) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps): one fixed config (interpreter and GPU alike)."""
+    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps): one fixed config per head size (no autotuning).
+
+    Compiled for sm_90 (Triton 3.9, fp32/tf32x3 and bf16/fp16) the largest kernel needs <= 197 KiB of shared
+    memory with these tiles (limit 227 KiB)."""
     block_d = max(32, triton.next_power_of_2(dim))
     if device.type != "cuda":
         return 16, 16, block_d, 4
     if block_d <= 64:
         return 64, 32, block_d, 4
-    return 32, 32, block_d, 4
+    if block_d <= 256:
+        return 32, 32, block_d, 4
+    return 16, 16, block_d, 4
 
 
 def _padding_tables(
@@ -408,7 +421,7 @@ class _GPATritonFunction(torch.autograd.Function):
         _gpa_fwd_kernel[grid](
             q, k, v, gamma32, index, sign, out, lse, key_valid, first_valid,
             heads, q_len, k_len, dim, k_len - q_len, scaling, eps,
-            IS_CAUSAL=is_causal, HAS_PADDING=key_padding_mask is not None, IEEE=q.dtype == torch.float32,
+            IS_CAUSAL=is_causal, HAS_PADDING=key_padding_mask is not None, PRECISION=_precision(q),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, gamma, out, lse, key_valid, first_valid)
@@ -436,7 +449,7 @@ class _GPATritonFunction(torch.autograd.Function):
         common = dict(
             IS_CAUSAL=is_causal,
             HAS_PADDING=ctx.has_padding,
-            IEEE=q.dtype == torch.float32,
+            PRECISION=_precision(q),
             BLOCK_M=block_m,
             BLOCK_N=block_n,
         )
