@@ -15,7 +15,8 @@ Stability. Two separate effects:
   R <- R (3 - ~R R) / 2 (`rotor_normalize`): the sequential and Triton scans every `RENORM_EVERY` = 64
   steps, the chunked scan at chunk boundaries. The projection is straight-through (value projected,
   gradient of the identity): on the group it changes R by O(rounding), so gradients are unaffected
-  beyond that order.
+  beyond that order. Measured after 16,384 steps of random rotations (tests): 6e-8 (sequential),
+  1.3e-5 (chunked).
 * Growth. Spin(4,1) is not compact. In this representation e1..e4 are Hermitian and e5 anti-Hermitian,
   so the 6 rotation bivectors e_i e_j (i, j <= 4) are anti-Hermitian and their rotors unitary, while the 4
   boosts e_i e5 are Hermitian with positive-definite exponentials. A product of boosts grows without
