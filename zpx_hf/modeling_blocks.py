@@ -66,6 +66,25 @@ class SwiGLUMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def resolve_forward_flags(
+    model: nn.Module,
+    output_attentions: bool | None,
+    output_hidden_states: bool | None,
+    return_dict: bool | None,
+    use_cache: bool | None,
+) -> tuple[bool, bool, bool, bool]:
+    """A backbone's (output_attentions, output_hidden_states, return_dict, use_cache), config defaults
+    filled in. No cache for a bidirectional encoder or under gradient checkpointing in training."""
+    config = model.config
+    output_attentions = config.output_attentions if output_attentions is None else output_attentions
+    output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
+    return_dict = config.return_dict if return_dict is None else return_dict
+    use_cache = config.use_cache if use_cache is None else use_cache
+    if not config.causal or (model.gradient_checkpointing and model.training):
+        use_cache = False
+    return bool(output_attentions), bool(output_hidden_states), bool(return_dict), bool(use_cache)
+
+
 def check_inputs(
     config: Any,
     input_ids: torch.Tensor | None,

@@ -37,6 +37,7 @@ from .modeling_blocks import (
     hf_init,
     init_bias_log_context,
     pop_cache_kwarg,
+    resolve_forward_flags,
 )
 from .modeling_complex import ComplexEmbedding, ComplexLinear, ComplexRMSNorm, ModReLU, complex_rotate
 from .ops_pct import pct_attention, pct_attention_weights
@@ -240,14 +241,9 @@ class PCTModel(PCTPreTrainedModel):
     ) -> BaseModelOutputWithPast | tuple:
         """`inputs_embeds`, when given, are complex embeddings [B, L, 2 * hidden_size] laid out [re | im]."""
         past_key_values = pop_cache_kwarg(past_key_values, kwargs)
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        output_attentions, output_hidden_states, return_dict, use_cache = resolve_forward_flags(
+            self, output_attentions, output_hidden_states, return_dict, use_cache
         )
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        use_cache = use_cache if use_cache is not None else self.config.use_cache
-        if not self.config.causal or (self.gradient_checkpointing and self.training):
-            use_cache = False  # a bidirectional encoder has no incremental decoding
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0

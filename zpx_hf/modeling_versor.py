@@ -22,22 +22,20 @@ from transformers import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
-    CausalLMOutputWithPast,
-    SequenceClassifierOutputWithPast,
 )
 
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, NUM_GRADES, conformal_algebra
 from .configuration_versor import VersorConfig
 from .modeling_blocks import (
     CACHE_FIELD,
+    ForCausalLMHead,
+    ForSequenceClassificationHead,
     GeometricPreTrainedModel,
     build_attention_mask,
-    causal_lm_loss,
     check_inputs,
     hf_init,
-    pool_last_token,
     pop_cache_kwarg,
-    sequence_classification_loss,
+    resolve_forward_flags,
     uses_is_causal,
 )
 from .ops_gpa import geometric_product_attention
@@ -333,6 +331,7 @@ class VersorModel(VersorPreTrainedModel):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
         self.layers = nn.ModuleList([VersorDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = VersorNorm(config.num_channels, eps=config.rms_norm_eps)
+        self.feature_size = config.hidden_size  # 32 blades x channels, read by the heads
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -356,14 +355,9 @@ class VersorModel(VersorPreTrainedModel):
         **kwargs: Any,
     ) -> BaseModelOutputWithPast | tuple:
         past_key_values = pop_cache_kwarg(past_key_values, kwargs)
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        output_attentions, output_hidden_states, return_dict, use_cache = resolve_forward_flags(
+            self, output_attentions, output_hidden_states, return_dict, use_cache
         )
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        use_cache = use_cache if use_cache is not None else self.config.use_cache
-        if not self.config.causal or (self.gradient_checkpointing and self.training):
-            use_cache = False
         if past_key_values is not None and not isinstance(past_key_values, VersorCache):
             raise ValueError(
                 f"Versor keeps its own recurrent cache; got {type(past_key_values).__name__}. Pass the cache "
@@ -411,120 +405,16 @@ class VersorModel(VersorPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class VersorForCausalLM(VersorPreTrainedModel, GenerationMixin):
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+class VersorForCausalLM(ForCausalLMHead, VersorPreTrainedModel, GenerationMixin):
+    """LM head on the final multivector features (a real linear map of all 32 x channels blades)."""
 
-    def __init__(self, config: VersorConfig) -> None:
-        if not config.causal:
-            raise ValueError("config field `causal`=False is invalid for VersorForCausalLM: set causal=True.")
-        super().__init__(config)
-        self.model = VersorModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head = value
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        past_key_values: VersorCache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
-        **kwargs: Any,
-    ) -> CausalLMOutputWithPast | tuple:
-        past_key_values = pop_cache_kwarg(past_key_values, kwargs)
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        hidden_states = outputs.last_hidden_state
-        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
-            hidden_states = hidden_states[:, -logits_to_keep:]
-        elif isinstance(logits_to_keep, torch.Tensor):
-            hidden_states = hidden_states[:, logits_to_keep]
-        logits = self.lm_head(hidden_states)
-        loss = causal_lm_loss(logits, labels) if labels is not None else None
-        output = CausalLMOutputWithPast(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            **{CACHE_FIELD: outputs[CACHE_FIELD] if CACHE_FIELD in outputs else None},
-        )
-        return output if return_dict else output.to_tuple()
+    backbone_class = VersorModel
 
 
-class VersorForSequenceClassification(VersorPreTrainedModel):
+class VersorForSequenceClassification(ForSequenceClassificationHead, VersorPreTrainedModel):
     """Classifies from the last real token's multivector features."""
 
-    def __init__(self, config: VersorConfig) -> None:
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.model = VersorModel(config)
-        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
-        self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.embed_tokens = value
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs: Any,
-    ) -> SequenceClassifierOutputWithPast | tuple:
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            use_cache=False,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        pooled = pool_last_token(outputs.last_hidden_state, input_ids, attention_mask, self.config.pad_token_id)
-        logits = self.score(pooled)
-        loss = sequence_classification_loss(logits, labels, self.config) if labels is not None else None
-        output = SequenceClassifierOutputWithPast(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if return_dict else output.to_tuple()
+    backbone_class = VersorModel
 
 
 __all__ = [
