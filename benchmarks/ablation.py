@@ -162,6 +162,7 @@ SIZES = {
     ),
 }
 NBODY_CONTEXT, NBODY_ROLLOUT = 10, 50
+VERSOR_WIDTH_FACTOR = 4
 
 
 # ---- model construction -------------------------------------------------------------------------
@@ -259,7 +260,11 @@ def match_width(variant: str, task: str, spec: SizeSpec, target: int, tolerance:
     base = max(granule, round(spec.hidden / granule) * granule)
     hiddens = sorted({max(granule, base + k * granule) for k in range(-4, 9)})
     if family == "versor":
-        hiddens = [h for h in hiddens if h <= (spec.versor_max_hidden or 8 * spec.hidden)]
+        # Versor's grade-wise linears hold ~1/170 of a dense layer's weights, so at a matched count most of its
+        # parameters sit in the embeddings; widths are searched up to VERSOR_WIDTH_FACTOR x the baseline (its
+        # per-channel rotor algebra makes wider models very slow) and an unreachable count is reported as such.
+        cap = spec.versor_max_hidden or VERSOR_WIDTH_FACTOR * spec.hidden
+        hiddens = list(range(granule, cap + 1, granule))
     for hidden in hiddens:
         lo, hi = inter_granule, 16 * inter_granule
         p_lo = count_parameters(build_model(variant, task, hidden, lo, spec))
@@ -708,11 +713,13 @@ def markdown(
     unmatched = sorted({k.split("/")[0] for k, w in widths.items() if not w["matched"]} & set(variants))
     if unmatched:
         reason = ""
-        if spec.versor_max_hidden and any(VARIANTS[v]["family"] == "versor" for v in unmatched):
+        if any(VARIANTS[v]["family"] == "versor" for v in unmatched):
+            cap = spec.versor_max_hidden or VERSOR_WIDTH_FACTOR * spec.hidden
             reason = (
-                f" Versor's hidden size is capped at {spec.versor_max_hidden} in this suite size (its per-token rotor "
-                "algebra is far slower per parameter on CPU than softmax attention), so its rows are smaller models "
-                "than the baseline, not parameter-matched ones."
+                f" Versor's hidden size is capped at {cap} in this suite size: its grade-wise linear layers hold far "
+                "fewer weights than dense ones, so a matched count would need a much wider model whose per-channel "
+                "rotor algebra is too slow here; its rows are smaller models than the baseline, not "
+                "parameter-matched ones."
             )
         lines += ["", f"Not parameter-matched: {', '.join(unmatched)}.{reason}"]
     if failures:
