@@ -49,6 +49,15 @@ def test_update_readme_check_mode(tmp_path):
     assert update_readme.main(["--readme", str(readme), "--results", str(results), "--check"]) == 0
 
 
+def test_readme_tables_match_the_committed_results():
+    """Every generated README section equals its benchmarks/results/<name>.md (no hand-typed numbers)."""
+    readme = BENCH.parent / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    refreshed, updated = update_readme.inject(text, BENCH / "results")
+    assert {"zpx_memory_cpu", "main_job", "ablation_small", "bench_attention"} <= set(updated)
+    assert refreshed == text, "README is stale: run `python benchmarks/update_readme.py`"
+
+
 def test_verdict_uses_sum_of_stds():
     assert ablation.verdict((0.9, 0.01), (0.8, 0.02), higher_better=True) == "better"
     assert ablation.verdict((0.9, 0.05), (0.8, 0.06), higher_better=True) == "~"
