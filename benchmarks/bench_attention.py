@@ -27,14 +27,14 @@ import argparse
 import csv
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from measure import peak_rss_growth, rss_bytes, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PATHS = (
@@ -49,11 +49,6 @@ PATHS = (
 )
 KERNEL_PATHS = ("pct_triton", "gpa_triton")
 HEAD_FEATURES, PHASE_CHANNELS = 64, 4
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def make_step(path: str, length: int, device: str, dtype: Any, batch: int, heads: int) -> Callable[[], None]:
@@ -152,32 +147,22 @@ def worker(path: str, length: int, device: str, batch: int, heads: int, repeats:
             ms = statistics.median(times)
         peak = torch.cuda.max_memory_allocated() - base
     else:
-        base = _rss_bytes()
+        base = rss_bytes()
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
             step()
             times.append((time.perf_counter() - start) * 1e3)
         ms = statistics.median(times)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+        peak = peak_rss_growth(base)
     return {"ms": ms, "peak_mib": max(peak, 0) / 2**20, "dtype": str(dtype).replace("torch.", "")}
 
 
 def run_point(spec: list[Any], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
-    try:
-        completed = subprocess.run(
-            [sys.executable, __file__, "--worker", json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-        )
-    except subprocess.TimeoutExpired:
-        return {"status": f"timeout > {timeout:.0f}s"}
-    if completed.returncode != 0:
-        lines = (completed.stderr or "failed").strip().splitlines()
-        return {"status": "failed: " + (lines[-1][:120] if lines else "?")}
-    return {"status": "ok", **json.loads(completed.stdout.strip().splitlines()[-1])}
+    result = run_worker(__file__, spec, timeout=timeout, env=env)
+    if "error" in result:
+        return {"status": "failed: " + result["error"][:120]}
+    return {"status": "ok", **result}
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:

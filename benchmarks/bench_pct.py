@@ -23,20 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+from measure import peak_rss_growth, rss_bytes, run_worker  # benchmarks/measure.py
+
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("materialised", "reference", "triton", "sdpa-softmax")
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def worker(method: str, length: int, device: str, dtype_name: str, heads: int, complex_dim: int, threads: int) -> dict:
@@ -77,7 +70,7 @@ def worker(method: str, length: int, device: str, dtype_name: str, heads: int, c
 
     # CPU: peak RSS over the RSS before the first call (the warm-up's peak counts: memory freed after it
     # would hide the op's peak from a later baseline). CUDA: peak allocation after the warm-up.
-    base = _rss_bytes() if device == "cpu" else 0
+    base = rss_bytes() if device == "cpu" else 0
     step()  # warm-up (allocator, autotuning, kernel compilation)
     q.grad = k.grad = v.grad = tau.grad = bias.grad = None
     if device == "cuda":
@@ -94,22 +87,9 @@ def worker(method: str, length: int, device: str, dtype_name: str, heads: int, c
     if device == "cuda":
         peak = torch.cuda.max_memory_allocated() - base
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+        peak = peak_rss_growth(base)
     seconds = min(times)  # best of the repeats: robust to other load on a shared machine
     return {"ms": seconds * 1e3, "tokens_per_s": length / seconds, "peak_mib": max(peak, 0) / 2**20}
-
-
-def run_worker(spec: list) -> dict:
-    try:
-        completed = subprocess.run(
-            [sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True, timeout=1800
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": "timeout"}
-    if completed.returncode != 0:
-        lines = completed.stderr.strip().splitlines()
-        return {"error": lines[-1] if lines else f"exit {completed.returncode}"}
-    return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
 def table(rows: list[dict], lengths: list[int], methods: list[str], title: str) -> list[str]:
@@ -139,7 +119,7 @@ def run_device(device: str, lengths: list[int], dtypes: list[str], methods: list
                 if method == "materialised" and length > args.materialised_max:
                     continue
                 spec = [method, length, device, dtype, args.heads, args.complex_dim, args.threads]
-                rows.append({"L": length, "method": method, **run_worker(spec)})
+                rows.append({"L": length, "method": method, **run_worker(__file__, spec)})
                 print(device, dtype, rows[-1], flush=True)
         title = (
             f"PCT attention, forward + backward, B=1, H={args.heads}, complex d={args.complex_dim} "

@@ -27,20 +27,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from measure import peak_rss_growth, rss_bytes, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GPA_METHODS = ("gpa-reference", "gpa-triton", "sdpa-scalar")
 RRA_METHODS = ("rra-sequential", "rra-chunked", "rra-triton")
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def worker(method: str, length: int, device: str, dtype_name: str) -> dict:
@@ -86,7 +80,7 @@ def worker(method: str, length: int, device: str, dtype_name: str) -> dict:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
-        base = _rss_bytes()
+        base = rss_bytes()
     repeats = 5 if device == "cuda" else 2
     start = time.perf_counter()
     for _ in range(repeats):
@@ -95,22 +89,9 @@ def worker(method: str, length: int, device: str, dtype_name: str) -> dict:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+        peak = peak_rss_growth(base)
     seconds = (time.perf_counter() - start) / repeats
     return {"ms": seconds * 1e3, "us_per_token": seconds * 1e6 / length, "peak_mib": max(peak, 0) / 2**20}
-
-
-def run_worker(spec: list) -> dict:
-    try:
-        completed = subprocess.run(
-            [sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True, timeout=1800
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": "timeout"}
-    if completed.returncode != 0:
-        lines = completed.stderr.strip().splitlines()
-        return {"error": lines[-1] if lines else f"exit {completed.returncode}"}
-    return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
 def table(rows: dict, lengths: list[int], methods: list[str], title: str) -> list[str]:
@@ -136,7 +117,7 @@ def sweep(methods, lengths, device, dtype, limits) -> dict:
         for length in lengths:
             if length > limits.get(method, 1 << 30):
                 continue
-            rows[(method, length)] = run_worker([method, length, device, dtype])
+            rows[(method, length)] = run_worker(__file__, [method, length, device, dtype])
             print(method, length, device, dtype, rows[(method, length)], flush=True)
     return rows
 

@@ -17,19 +17,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
-import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+from measure import peak_rss_growth, rss_bytes, run_worker  # benchmarks/measure.py
+
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def attention_worker(path: str, length: int, device: str, heads: int, head_dim: int, channels: int) -> dict:
@@ -64,13 +57,13 @@ def attention_worker(path: str, length: int, device: str, heads: int, head_dim: 
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
-        base = _rss_bytes()
+        base = rss_bytes()
     step()
     if device == "cuda":
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+        peak = peak_rss_growth(base)
     start = time.perf_counter()
     repeats = 3
     for _ in range(repeats):
@@ -125,15 +118,6 @@ def step_worker(device: str, length: int, batch: int) -> dict:
     }
 
 
-def run_worker(args: list[str]) -> dict:
-    completed = subprocess.run(
-        [sys.executable, __file__, "--worker", json.dumps(args)], capture_output=True, text=True, timeout=1800
-    )
-    if completed.returncode != 0:
-        return {"error": completed.stderr.strip().splitlines()[-1] if completed.stderr else "failed"}
-    return json.loads(completed.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
@@ -155,10 +139,12 @@ def main() -> None:
     rows = []
     for length in args.lengths:
         for path in ("materialised", "sdpa"):
-            result = run_worker(["attention", path, length, args.device, args.heads, args.head_dim, args.channels])
+            result = run_worker(
+                __file__, ["attention", path, length, args.device, args.heads, args.head_dim, args.channels]
+            )
             rows.append({"L": length, "path": path, **result})
             print(rows[-1], flush=True)
-    steps = run_worker(["step", args.device, args.step_length, args.step_batch])
+    steps = run_worker(__file__, ["step", args.device, args.step_length, args.step_batch])
     if "error" in steps:
         steps = {"llama": steps, "zpx": steps}
     print(steps, flush=True)
