@@ -31,6 +31,7 @@ from train import (  # noqa: E402
     RunConfig,
     build_datasets,
     build_trainer,
+    cli_main,
     parse_config_file,
     resolve_resume,
     validate_data_args,
@@ -211,23 +212,11 @@ def _flat(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0].startswith("-"):
-        print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
-        return 2
-    try:
-        run = load_finetune_config(argv[0], argv[1:])
-    except ConfigError as error:
-        print(f"config error: {error}", file=sys.stderr)
-        return 2
-    result = run_finetune(run)
-    if result["trainer"].is_world_process_zero():
-        from zpx_hf.evaluation import metrics_table
+    def done(result: dict) -> str:
+        difference = result["metrics"]["merge_max_abs_logit_difference"]
+        return f"merge check: max |logit difference| = {difference:.2e}\nadapter saved to {result['output_dir']}"
 
-        print(metrics_table(result["metrics"]))
-        print(f"merge check: max |logit difference| = {result['metrics']['merge_max_abs_logit_difference']:.2e}")
-        print(f"adapter saved to {result['output_dir']}")
-    return 0
+    return cli_main(argv, __doc__, load_finetune_config, run_finetune, done)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import sys
 import time
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -563,23 +563,34 @@ def run_training(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def cli_main(
+    argv: Sequence[str] | None,
+    usage: str,
+    load_config: Callable[[str, Sequence[str]], Any],
+    run: Callable[[Any], dict],
+    done_message: Callable[[dict], str],
+) -> int:
+    """`script CONFIG [--flag value ...]`: load (config errors exit 2 naming the key), run, report on rank 0."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-"):
-        print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
+        print(usage.strip().split("\n\n")[1], file=sys.stderr)
         return 2
     try:
-        run = load_run_config(argv[0], argv[1:])
+        config = load_config(argv[0], argv[1:])
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
-    result = run_training(run)
+    result = run(config)
     if result["trainer"].is_world_process_zero():
         from zpx_hf.evaluation import metrics_table
 
         print(metrics_table(result["metrics"]))
-        print(f"saved to {result['output_dir']}")
+        print(done_message(result))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli_main(argv, __doc__, load_run_config, run_training, lambda result: f"saved to {result['output_dir']}")
 
 
 if __name__ == "__main__":
