@@ -208,7 +208,7 @@ def _yaml_list(items: Sequence[str]) -> str:
 
 
 def render_model_card(template: str | None, context: Mapping[str, Any]) -> str:
-    """Fill a `model_cards/<family>.md` template (`${name}` placeholders) from a run's context.
+    """Fill a `model_cards/<family>.md` template (`${name}` fields) from a run's context.
 
     `context` needs `model_type`, `model_name`, `repo_id`, `config_file`, `license`, `tags`, `datasets`, `config`,
     `data_description`, `training` and `metrics`; the tables and YAML lists are derived here.
