@@ -27,3 +27,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+# One tiny configuration per family (and per Versor mixer), shared by every model test.
+TINY_CONFIGS = {
+    "zpx": dict(hidden_size=32, intermediate_size=64, phase_channels=4),
+    "pct": dict(hidden_size=16, intermediate_size=32),
+    "versor-rra": dict(mixer="rra", hidden_size=128, intermediate_size=128, initializer_range=0.2),
+    "versor-gpa": dict(mixer="gpa", hidden_size=128, intermediate_size=128, initializer_range=0.2),
+    "versor-hybrid": dict(mixer="hybrid", hidden_size=128, intermediate_size=128, initializer_range=0.2),
+}
+TINY_VOCAB = 61
+
+
+def make_tiny_config(case: str, **overrides):
+    """The tiny config of a family case ("zpx", "pct", "versor-rra", ...), with `overrides` applied."""
+    import zpx_hf
+
+    family = case.split("-")[0]
+    kwargs = dict(vocab_size=TINY_VOCAB, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=64)
+    kwargs.update(TINY_CONFIGS[case])
+    kwargs.update(overrides)
+    return zpx_hf.FAMILIES[family][0](**kwargs)
+
+
+@pytest.fixture
+def tiny_config():
+    """Factory fixture: `tiny_config("pct", tau="learnable")`."""
+    return make_tiny_config

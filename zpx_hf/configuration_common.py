@@ -1,46 +1,74 @@
 """Configuration pieces shared by the ZPX, PCT and Versor families.
 
-`GeometricConfig` holds the fields every family has (vocabulary, depth, width, rotary
-positions) and validates them; each family's `configuration_*.py` subclasses it, adds
-its own fields and validates them in `_validate_family`. Every error names the field
-and says how to fix it, so a bad config fails before any weight is allocated.
+`GeometricConfig` holds the fields every family has (vocabulary, depth, width, rotary positions). The
+checks are data: each config class lists its fields' rules in `field_rules` (`Rule(kind, ...)`), and
+`validate()` applies them before any weight is allocated; only checks across fields are code
+(`_validate_family`). Every error names the field and says how to fix it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+import warnings
+from typing import Any, ClassVar, NamedTuple
 
 from transformers import PretrainedConfig
 
 ROTARY_TYPES = ("srpe", "rope", "none")
+# Rotary tables and masks are sized by the context length; beyond this a config is a typo, not a model.
+MAX_POSITION_LIMIT = 1 << 24
+
+
+class Rule(NamedTuple):
+    """How one config field is checked. `kind`: "int", "float", "bool" or "choice"; floats are finite."""
+
+    kind: str
+    minimum: float | None = None
+    maximum: float | None = None
+    positive: bool = False
+    below: float | None = None  # strict upper bound
+    choices: tuple[Any, ...] = ()
+    optional: bool = False  # None allowed
 
 
 def _fail(field: str, value: Any, fix: str) -> None:
     raise ValueError(f"config field `{field}`={value!r} is invalid: {fix}")
 
 
-def check_int(field: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        _fail(field, value, f"expected an integer >= {minimum}.")
-
-
-def check_float(field: str, value: Any, minimum: float | None = None, strictly_positive: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+def check_field(field: str, value: Any, rule: Rule) -> None:
+    """Raise `ValueError` naming `field` when `value` breaks `rule`."""
+    if value is None and rule.optional:
+        return
+    if rule.kind == "bool":
+        if not isinstance(value, bool):
+            _fail(field, value, "expected true or false.")
+        return
+    if rule.kind == "choice":
+        if value not in rule.choices:
+            _fail(field, value, f"expected one of {list(rule.choices)}.")
+        return
+    if rule.kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(field, value, "expected an integer.")
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         _fail(field, value, "expected a finite number.")
-    if strictly_positive and value <= 0:
+    if rule.positive and value <= 0:
         _fail(field, value, "expected a number > 0.")
-    if minimum is not None and value < minimum:
-        _fail(field, value, f"expected a number >= {minimum}.")
+    if rule.minimum is not None and value < rule.minimum:
+        _fail(field, value, f"expected a number >= {rule.minimum}.")
+    if rule.maximum is not None and value > rule.maximum:
+        _fail(field, value, f"expected a number <= {rule.maximum}.")
+    if rule.below is not None and value >= rule.below:
+        _fail(field, value, f"expected a number < {rule.below}.")
 
 
-def check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        _fail(field, value, f"expected one of {list(choices)}.")
-
-
-def check_bool(field: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        _fail(field, value, "expected true or false.")
+def pop_removed_fields(kwargs: dict[str, Any], removed: dict[str, str]) -> None:
+    """Drop fields earlier versions wrote to config.json (their checkpoints still load); warn when the
+    stored value asked for something other than the default, since it no longer has an effect."""
+    for field, advice in removed.items():
+        value = kwargs.pop(field, None)
+        if value not in (None, "auto"):
+            warnings.warn(f"config field `{field}`={value!r} was removed and is ignored: {advice}", stacklevel=3)
 
 
 class GeometricConfig(PretrainedConfig):
@@ -130,14 +158,30 @@ class GeometricConfig(PretrainedConfig):
             return hidden_size // num_heads
         return None
 
+    field_rules: ClassVar[dict[str, Rule]] = {
+        "vocab_size": Rule("int", minimum=1),
+        "hidden_size": Rule("int", minimum=1),
+        "intermediate_size": Rule("int", minimum=1),
+        "num_hidden_layers": Rule("int", minimum=1),
+        "num_attention_heads": Rule("int", minimum=1),
+        "head_dim": Rule("int", minimum=1),
+        "max_position_embeddings": Rule("int", minimum=1, maximum=MAX_POSITION_LIMIT),
+        "allow_longer_positions": Rule("bool"),
+        "rotary": Rule("choice", choices=ROTARY_TYPES),
+        "rope_theta": Rule("float", positive=True),
+        "srpe_k": Rule("float", optional=True),
+        "srpe_a": Rule("float", minimum=0.0, below=1.0),
+        "srpe_f": Rule("float"),
+        "causal": Rule("bool"),
+        "rms_norm_eps": Rule("float", positive=True),
+        "initializer_range": Rule("float", minimum=0.0),
+        "attention_dropout": Rule("float", minimum=0.0, below=1.0),
+    }
+
     def validate(self) -> None:
         """Raise `ValueError` naming the first invalid field."""
-        for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
-            check_int(field, getattr(self, field))
-        check_int("head_dim", self.head_dim)
-        check_int("max_position_embeddings", self.max_position_embeddings)
-        check_bool("allow_longer_positions", self.allow_longer_positions)
-        check_choice("rotary", self.rotary, ROTARY_TYPES)
+        for field, rule in self.field_rules.items():
+            check_field(field, getattr(self, field), rule)
         if self.rotary != "none" and self.rotary_dim % 2 != 0:
             _fail(
                 "head_dim",
@@ -145,21 +189,8 @@ class GeometricConfig(PretrainedConfig):
                 f"rotary={self.rotary!r} rotates pairs of features, so head_dim must be even; "
                 "change hidden_size/num_attention_heads (or head_dim), or set rotary='none'.",
             )
-        check_float("rope_theta", self.rope_theta, strictly_positive=True)
-        if self.srpe_k is not None:
-            check_float("srpe_k", self.srpe_k)
-            if self.srpe_k == 0:
-                _fail("srpe_k", self.srpe_k, "the winding uses 1/k_s; use null (None) for no second winding.")
-        check_float("srpe_a", self.srpe_a, minimum=0.0)
-        if self.srpe_a >= 1:
-            _fail("srpe_a", self.srpe_a, "radius 1 + a_s*sin(.) must stay positive: use 0 <= srpe_a < 1.")
-        check_float("srpe_f", self.srpe_f)
-        check_bool("causal", self.causal)
-        check_float("rms_norm_eps", self.rms_norm_eps, strictly_positive=True)
-        check_float("initializer_range", self.initializer_range, minimum=0.0)
-        check_float("attention_dropout", self.attention_dropout, minimum=0.0)
-        if self.attention_dropout >= 1:
-            _fail("attention_dropout", self.attention_dropout, "expected a probability in [0, 1).")
+        if self.srpe_k == 0:
+            _fail("srpe_k", self.srpe_k, "the winding uses 1/k_s; use null (None) for no second winding.")
         self._validate_family()
 
     @property

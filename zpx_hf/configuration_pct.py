@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .configuration_common import GeometricConfig, _fail, check_bool, check_choice, check_float, check_int
+from .configuration_common import GeometricConfig, Rule, _fail, check_field, pop_removed_fields
 
 TAU_MODES = ("sqrt_d", "inv_sqrt_d", "learnable")
-ATTENTION_KERNELS = ("auto", "reference", "triton")
 
 
 class PCTConfig(GeometricConfig):
@@ -24,8 +23,6 @@ class PCTConfig(GeometricConfig):
             `"learnable"` (one per head, initialised at sqrt(d)) or a fixed positive number.
         gate_bias_init: initial value of the per-head gate bias `b_h` in `sigmoid(s_ij + b_h)`; `None`
             means `-log(max_position_embeddings)` (sigmoid attention recipe, arXiv 2409.04431).
-        attention_kernel: `"auto"` (Triton on CUDA when importable, else the chunked PyTorch reference),
-            `"reference"` or `"triton"`. `attn_implementation="eager"` also forces the reference.
         qk_norm_eps: epsilon of the complex L2 normalisation of queries and keys.
         attention_bias: complex biases on the q/k/v/o projections.
         mlp_bias: complex biases in the feed-forward layer.
@@ -37,7 +34,6 @@ class PCTConfig(GeometricConfig):
         self,
         tau: str | float = "sqrt_d",
         gate_bias_init: float | None = None,
-        attention_kernel: str = "auto",
         qk_norm_eps: float = 1e-6,
         attention_bias: bool = False,
         mlp_bias: bool = False,
@@ -45,10 +41,12 @@ class PCTConfig(GeometricConfig):
     ) -> None:
         self.tau = tau
         self.gate_bias_init = gate_bias_init
-        self.attention_kernel = attention_kernel
         self.qk_norm_eps = qk_norm_eps
         self.attention_bias = attention_bias
         self.mlp_bias = mlp_bias
+        pop_removed_fields(
+            kwargs, {"attention_kernel": "choose the path with attn_implementation ('eager' or 'sdpa')."}
+        )
         super().__init__(**kwargs)
 
     @property
@@ -56,18 +54,19 @@ class PCTConfig(GeometricConfig):
         """Complex features rotate one pair each: [re | im] of head dim d gives 2d real features."""
         return 2 * self.head_dim
 
+    field_rules = {
+        **GeometricConfig.field_rules,
+        "gate_bias_init": Rule("float", optional=True),
+        "qk_norm_eps": Rule("float", positive=True),
+        "attention_bias": Rule("bool"),
+        "mlp_bias": Rule("bool"),
+    }
+
     def _validate_family(self) -> None:
         if isinstance(self.tau, str):
-            check_choice("tau", self.tau, TAU_MODES)
+            check_field("tau", self.tau, Rule("choice", choices=TAU_MODES))
         else:
-            check_float("tau", self.tau, strictly_positive=True)
-        if self.gate_bias_init is not None:
-            check_float("gate_bias_init", self.gate_bias_init)
-        check_choice("attention_kernel", self.attention_kernel, ATTENTION_KERNELS)
-        check_float("qk_norm_eps", self.qk_norm_eps, strictly_positive=True)
-        check_bool("attention_bias", self.attention_bias)
-        check_bool("mlp_bias", self.mlp_bias)
-        check_int("head_dim", self.head_dim)
+            check_field("tau", self.tau, Rule("float", positive=True))
         if self.attention_dropout != 0:
             _fail(
                 "attention_dropout",

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .configuration_common import GeometricConfig, _fail, check_bool, check_choice, check_float
+from .configuration_common import GeometricConfig, Rule, _fail, pop_removed_fields
 
 VERSOR_MIXERS = ("gpa", "rra", "hybrid")
-GPA_KERNELS = ("auto", "reference", "triton")
-RRA_KERNELS = ("auto", "sequential", "chunked", "triton")
 RRA_ACCUMULATE = ("compact", "full")
 NUM_BLADES = 32
 
@@ -26,9 +24,6 @@ class VersorConfig(GeometricConfig):
         gpa_gamma_init: initial `gamma_h`, weight of the bivector norm in the GPA score.
         gpa_bivector: `False` keeps only the scalar part `<Q~K>_0` (runs through SDPA).
         gpa_eps: epsilon inside the bivector norm `sqrt(sum <P>_2^2 + eps)`.
-        gpa_kernel: `"auto"` (Triton on CUDA when installed, else the reference), `"reference"`, `"triton"`.
-            The kernel applies causal masking and key padding itself; attention weights need the reference.
-        rra_kernel: `"auto"` (Triton on CUDA, else chunked), `"sequential"`, `"chunked"`, `"triton"`.
         rra_accumulate: `"compact"` accumulates the 6 rotation bivectors (unitary state, stable for any
             length) and applies the 4 boost bivectors per token; `"full"` accumulates all 10 as in the paper
             (the state grows with accumulated boosts; fine for short contexts).
@@ -46,8 +41,6 @@ class VersorConfig(GeometricConfig):
         gpa_gamma_init: float = 0.1,
         gpa_bivector: bool = True,
         gpa_eps: float = 1e-6,
-        gpa_kernel: str = "auto",
-        rra_kernel: str = "auto",
         rra_accumulate: str = "compact",
         rra_bivector_scale: float = 1.0,
         **kwargs: Any,
@@ -56,10 +49,10 @@ class VersorConfig(GeometricConfig):
         self.gpa_gamma_init = gpa_gamma_init
         self.gpa_bivector = gpa_bivector
         self.gpa_eps = gpa_eps
-        self.gpa_kernel = gpa_kernel
-        self.rra_kernel = rra_kernel
         self.rra_accumulate = rra_accumulate
         self.rra_bivector_scale = rra_bivector_scale
+        advice = "choose the path with attn_implementation ('eager': references, 'sdpa': fast paths)."
+        pop_removed_fields(kwargs, {"gpa_kernel": advice, "rra_kernel": advice})
         kwargs.setdefault("rotary", "none")
         kwargs.setdefault("hidden_size", 128)
         kwargs.setdefault("intermediate_size", 256)
@@ -96,14 +89,16 @@ class VersorConfig(GeometricConfig):
                 "Versor has no rotary positions (rotating multivector coefficients as pairs breaks the "
                 "algebra); set rotary='none' and use mixer='rra' or 'hybrid' for order information.",
             )
-        check_choice("mixer", self.mixer, VERSOR_MIXERS)
-        check_float("gpa_gamma_init", self.gpa_gamma_init)
-        check_bool("gpa_bivector", self.gpa_bivector)
-        check_float("gpa_eps", self.gpa_eps, strictly_positive=True)
-        check_choice("gpa_kernel", self.gpa_kernel, GPA_KERNELS)
-        check_choice("rra_kernel", self.rra_kernel, RRA_KERNELS)
-        check_choice("rra_accumulate", self.rra_accumulate, RRA_ACCUMULATE)
-        check_float("rra_bivector_scale", self.rra_bivector_scale, strictly_positive=True)
+
+    field_rules = {
+        **GeometricConfig.field_rules,
+        "mixer": Rule("choice", choices=VERSOR_MIXERS),
+        "gpa_gamma_init": Rule("float"),
+        "gpa_bivector": Rule("bool"),
+        "gpa_eps": Rule("float", positive=True),
+        "rra_accumulate": Rule("choice", choices=RRA_ACCUMULATE),
+        "rra_bivector_scale": Rule("float", positive=True),
+    }
 
 
 __all__ = ["VersorConfig"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .configuration_common import GeometricConfig, check_bool, check_float, check_int
+from .configuration_common import GeometricConfig, Rule
 
 
 class ZPXConfig(GeometricConfig):
@@ -48,15 +48,17 @@ class ZPXConfig(GeometricConfig):
         self.mlp_bias = mlp_bias
         super().__init__(**kwargs)
 
-    def _validate_family(self) -> None:
-        check_int("phase_channels", self.phase_channels, minimum=1)
-        check_float("lambda_angle", self.lambda_angle)
-        check_float("lambda_sphere", self.lambda_sphere)
-        check_float("max_log_radius", self.max_log_radius, strictly_positive=True)
-        check_float("center_loss_weight", self.center_loss_weight, minimum=0.0)
-        check_bool("attention_bias", self.attention_bias)
-        check_bool("phase_bias", self.phase_bias)
-        check_bool("mlp_bias", self.mlp_bias)
+    field_rules = {
+        **GeometricConfig.field_rules,
+        "phase_channels": Rule("int", minimum=1),
+        "lambda_angle": Rule("float"),
+        "lambda_sphere": Rule("float"),
+        "max_log_radius": Rule("float", positive=True),
+        "center_loss_weight": Rule("float", minimum=0.0),
+        "attention_bias": Rule("bool"),
+        "phase_bias": Rule("bool"),
+        "mlp_bias": Rule("bool"),
+    }
 
 
 __all__ = ["ZPXConfig"]

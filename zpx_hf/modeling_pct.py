@@ -12,41 +12,77 @@ head dim d:
 
 The KV cache stores k' (normalised and rotated) and v, both [re | im]. The LM head and the
 sequence-classification head are real linear maps on `[re | im]` (with tied embeddings the logit
-of token v is Re sum_m conj(e_vm) z_m).
+of token v is Re sum_m conj(e_vm) z_m). Backbone and heads are the shared ones of `modeling_common.py`;
+attention runs through the model-local `ALL_ATTENTION_FUNCTIONS`: `"eager"` is the materialised formula
+(`ops_pct_naive.py`), `"sdpa"` the fast path (Triton on CUDA, the tiled PyTorch path elsewhere).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 from transformers import GenerationMixin
-from transformers.cache_utils import Cache, DynamicCache
-from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.cache_utils import Cache
+from transformers.modeling_utils import AttentionInterface
 
 from .configuration_pct import PCTConfig
-from .modeling_blocks import (
-    CACHE_FIELD,
+from .modeling_blocks import hf_init, init_bias_log_context, upcast
+from .modeling_common import (
     ForCausalLMHead,
     ForSequenceClassificationHead,
+    GeometricDecoderLayer,
+    GeometricModel,
     GeometricPreTrainedModel,
-    check_inputs,
-    default_position_ids,
-    hf_init,
-    init_bias_log_context,
-    pop_cache_kwarg,
-    resolve_forward_flags,
+    attention_implementation,
 )
 from .modeling_complex import ComplexEmbedding, ComplexLinear, ComplexRMSNorm, ModReLU, complex_rotate
 from .ops_pct import pct_attention, pct_attention_weights
 from .rotary_srpe import build_rotary
 
 
+def pct_attention_eager(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    tau: torch.Tensor | float,
+    bias: torch.Tensor,
+    *,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The readable path: materialised gates a_ij, returned as the attention weights."""
+    output = pct_attention(
+        query, key, value, tau, bias, causal=causal, key_padding_mask=key_padding_mask, kernel="naive"
+    )
+    weights = pct_attention_weights(query, key, tau, bias, causal=causal, key_padding_mask=key_padding_mask)
+    return output, weights
+
+
+def pct_attention_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    tau: torch.Tensor | float,
+    bias: torch.Tensor,
+    *,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, None]:
+    """The fast path: Triton on CUDA, the memory-lean tiled PyTorch path elsewhere; no L x L tensor."""
+    output = pct_attention(
+        query, key, value, tau, bias, causal=causal, key_padding_mask=key_padding_mask, kernel="auto"
+    )
+    return output, None
+
+
+# Model-local registry: "eager" falls back to the reference passed to `get_interface`.
+ALL_ATTENTION_FUNCTIONS = AttentionInterface()
+ALL_ATTENTION_FUNCTIONS["sdpa"] = pct_attention_sdpa
+
+
 def complex_l2_normalize(z: torch.Tensor, eps: float) -> torch.Tensor:
     """z / sqrt(sum_m |z_m|^2 + eps) over the last dim ([re | im]), computed in float32."""
-    z32 = z.float()
+    z32 = upcast(z)
     return (z32 * torch.rsqrt(z32.pow(2).sum(-1, keepdim=True) + eps)).to(z.dtype)
 
 
@@ -88,54 +124,38 @@ class PCTAttention(nn.Module):
         z = z.view(batch, self.num_heads, length, 2, self.head_dim)
         return z.permute(0, 2, 3, 1, 4).reshape(batch, length, 2 * self.num_heads * self.head_dim)
 
-    def attention_kernel(self) -> str:
-        """HF's `attn_implementation`: "eager" forces the PyTorch reference; "sdpa" (HF's default) and
-        None defer to `config.attention_kernel` (auto: Triton on CUDA)."""
-        implementation = self.config._attn_implementation
-        if implementation == "eager":
-            return "reference"
-        if implementation not in (None, "sdpa"):
-            raise ValueError(
-                f"`attn_implementation`={implementation!r} is not available for PCT (softmax kernels do not apply): "
-                "use 'eager' (PyTorch reference) or 'sdpa' (default; picks the Triton kernel on CUDA), and choose "
-                "the kernel with the config field `attention_kernel`."
-            )
-        return self.config.attention_kernel
-
     def forward(
         self,
         hidden_states: torch.Tensor,
-        position_tables: tuple[torch.Tensor, torch.Tensor] | None,
-        key_padding_mask: torch.Tensor | None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        padding_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
         eps = self.config.qk_norm_eps
         query = complex_l2_normalize(self._split_heads(self.q_proj(hidden_states)), eps)
         key = complex_l2_normalize(self._split_heads(self.k_proj(hidden_states)), eps)
         value = self._split_heads(self.v_proj(hidden_states))
-        if position_tables is not None:
-            cos, sin = position_tables  # r cos Theta, r sin Theta per complex feature
+        if position_embeddings is not None:
+            cos, sin = position_embeddings  # r cos Theta, r sin Theta per complex feature
             query, key = complex_rotate(query, cos, sin), complex_rotate(key, cos, sin)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
 
-        output = pct_attention(
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+            attention_implementation(self.config, output_attentions), pct_attention_eager
+        )
+        # Sigmoid gates have no normaliser: padded keys are dropped per pair (exactly 0), no 4-D mask needed.
+        output, weights = attention_interface(
             query,
             key,
             value,
             self.temperature(),
             self.gate_bias,
-            key_padding_mask=key_padding_mask,
             causal=self.is_causal,
-            implementation=self.attention_kernel(),
+            key_padding_mask=padding_mask,
         )
-        weights = None
-        if output_attentions:
-            weights = pct_attention_weights(
-                query, key, self.temperature(), self.gate_bias, key_padding_mask, causal=self.is_causal
-            )
-        return self.o_proj(self._merge_heads(output)), weights
+        return self.o_proj(self._merge_heads(output)), weights, None
 
 
 class PCTMLP(nn.Module):
@@ -151,7 +171,7 @@ class PCTMLP(nn.Module):
         return self.down_proj(self.act_fn(self.up_proj(z)))
 
 
-class PCTDecoderLayer(GradientCheckpointingLayer):
+class PCTDecoderLayer(GeometricDecoderLayer):
     def __init__(self, config: PCTConfig, layer_idx: int) -> None:
         super().__init__()
         self.self_attn = PCTAttention(config, layer_idx)
@@ -159,25 +179,9 @@ class PCTDecoderLayer(GradientCheckpointingLayer):
         self.input_layernorm = ComplexRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = ComplexRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        residual = hidden_states
-        hidden_states, weights = self.self_attn(
-            self.input_layernorm(hidden_states),
-            position_tables,
-            key_padding_mask,
-            past_key_values=past_key_values,
-            output_attentions=output_attentions,
-        )
-        hidden_states = residual + hidden_states
-        hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
-        return hidden_states, weights
+    @property
+    def token_mixer(self) -> PCTAttention:
+        return self.self_attn
 
 
 class PCTPreTrainedModel(GeometricPreTrainedModel):
@@ -207,7 +211,9 @@ class PCTPreTrainedModel(GeometricPreTrainedModel):
         return init_bias_log_context(self.config.max_position_embeddings)
 
 
-class PCTModel(PCTPreTrainedModel):
+class PCTModel(GeometricModel, PCTPreTrainedModel):
+    """Shared backbone with complex layers; `inputs_embeds`, when given, are [B, L, 2 * hidden_size] ([re | im])."""
+
     def __init__(self, config: PCTConfig) -> None:
         super().__init__(config)
         self.padding_idx = config.pad_token_id
@@ -220,79 +226,12 @@ class PCTModel(PCTPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.embed_tokens = value
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs: Any,
-    ) -> BaseModelOutputWithPast | tuple:
-        """`inputs_embeds`, when given, are complex embeddings [B, L, 2 * hidden_size] laid out [re | im]."""
-        past_key_values = pop_cache_kwarg(past_key_values, kwargs)
-        output_attentions, output_hidden_states, return_dict, use_cache = resolve_forward_flags(
-            self, output_attentions, output_hidden_states, return_dict, use_cache
-        )
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        check_inputs(self.config, input_ids, inputs_embeds, attention_mask, past_length)
-
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
-        elif inputs_embeds.shape[-1] != 2 * self.config.hidden_size:
-            raise ValueError(
-                f"`inputs_embeds` must have 2 * hidden_size = {2 * self.config.hidden_size} features ([re | im]); "
-                f"got {inputs_embeds.shape[-1]}."
-            )
-        length = inputs_embeds.shape[1]
-        if position_ids is None:
-            position_ids = default_position_ids(attention_mask, past_length, length, inputs_embeds.device)
-        position_tables = None
-        if self.rotary_emb is not None:
-            position_tables = self.rotary_emb.pair_tables(position_ids, inputs_embeds.device)
-        # Sigmoid gates have no normaliser: padded keys are dropped per pair (exactly 0), no 4-D mask needed.
-        key_padding_mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            key_padding_mask = attention_mask.to(device=inputs_embeds.device, dtype=torch.bool)
-
-        hidden_states = inputs_embeds
-        all_hidden_states = () if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        for layer in self.layers:
-            if output_hidden_states:
-                all_hidden_states += (hidden_states,)
-            hidden_states, weights = layer(
-                hidden_states,
-                position_tables=position_tables,
-                key_padding_mask=key_padding_mask,
-                past_key_values=past_key_values,
-                output_attentions=bool(output_attentions),
-            )
-            if output_attentions:
-                all_attentions += (weights,)
-        hidden_states = self.norm(hidden_states)
-        if output_hidden_states:
-            all_hidden_states += (hidden_states,)
-
-        output = BaseModelOutputWithPast(
-            last_hidden_state=hidden_states,
-            hidden_states=all_hidden_states,
-            attentions=all_attentions,
-            **{CACHE_FIELD: past_key_values if use_cache else None},
-        )
-        return output if return_dict else output.to_tuple()
+    def position_embeddings(
+        self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.rotary_emb is None:
+            return None
+        return self.rotary_emb.pair_tables(position_ids, inputs_embeds.device)
 
 
 class PCTForCausalLM(ForCausalLMHead, PCTPreTrainedModel, GenerationMixin):

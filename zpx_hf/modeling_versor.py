@@ -1,14 +1,17 @@
 """Versor models: a multivector transformer over Cl(4,1) (SPEC §4).
 
-The residual stream is `[B, L, C, 32]`: C multivector channels (`hidden_size = 32 C`; flattened to
-`[B, L, hidden_size]` in outputs). Blocks are pre-norm:
+The residual stream holds C multivector channels per token (`hidden_size = 32 C`), flat `[B, L, 32 C]`
+between blocks and viewed as `[B, L, C, 32]` inside them. Blocks are the shared pre-norm ones of
+`modeling_common.py`:
 
     x = x + Mixer(Norm(x));   x = x + MLP(Norm(x))
 
 with a grade-aware RMS norm, channel-mixing linear maps with one weight per grade (they commute with
 the grade projections), a scalar-gated MLP, and a mixer per layer: geometric product attention
-(`ops_gpa.py`) or the recursive rotor accumulator (`ops_rra.py`). `VersorCache` holds, per layer, the
-multivector keys/values of GPA layers and only the rotor state R_t of RRA layers (O(1) per token).
+(`ops_gpa.py`) or the recursive rotor accumulator (`ops_rra.py`). Both dispatch on `attn_implementation`:
+`"eager"` runs the readable references, `"sdpa"` the fast paths (Triton on CUDA, chunked / scanned
+PyTorch on CPU). `VersorCache` holds, per layer, the multivector keys/values of GPA layers and only the
+rotor state of RRA layers (O(1) per token).
 """
 
 from __future__ import annotations
@@ -19,35 +22,52 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin
-from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import (
-    BaseModelOutputWithPast,
-)
+from transformers.modeling_utils import AttentionInterface
 
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, NUM_GRADES, conformal_algebra
 from .configuration_versor import VersorConfig
-from .modeling_blocks import (
-    CACHE_FIELD,
+from .modeling_blocks import hf_init, upcast
+from .modeling_common import (
     ForCausalLMHead,
     ForSequenceClassificationHead,
+    GeometricDecoderLayer,
+    GeometricModel,
     GeometricPreTrainedModel,
-    build_attention_mask,
-    check_inputs,
-    hf_init,
-    pop_cache_kwarg,
-    resolve_forward_flags,
-    uses_is_causal,
+    attention_implementation,
 )
 from .ops_gpa import geometric_product_attention
+
+try:  # TEMPORARY(lead): until the split ops_gpa lands
+    from .ops_gpa import gpa_attention_weights
+except ImportError:
+    gpa_attention_weights = None
 from .ops_rra import recursive_rotor_accumulator
 
-# positions of the 6 rotation (e_i e_j, i, j <= 4) and 4 boost (e_i e5) bivectors in BIVECTOR_MASKS order
-_ROTATION = [i for i, mask in enumerate(BIVECTOR_MASKS) if not mask & 16]
-_BOOST = [i for i, mask in enumerate(BIVECTOR_MASKS) if mask & 16]
+
+def gpa_eager(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, gamma: torch.Tensor, **kwargs: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The readable path: the materialised score, returned as the attention weights."""
+    output = geometric_product_attention(query, key, value, gamma, kernel="naive", **kwargs)
+    return output, gpa_attention_weights(query, key, gamma, **kwargs)
+
+
+def gpa_sdpa(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, gamma: torch.Tensor, **kwargs: Any
+) -> tuple[torch.Tensor, None]:
+    """The fast path: Triton on CUDA, the O(L)-memory chunked PyTorch path elsewhere."""
+    return geometric_product_attention(query, key, value, gamma, kernel="auto", **kwargs), None
+
+
+# Model-local registry: "eager" falls back to the reference passed to `get_interface`.
+ALL_ATTENTION_FUNCTIONS = AttentionInterface()
+ALL_ATTENTION_FUNCTIONS["sdpa"] = gpa_sdpa
+# The rotor accumulator has no attention matrix; the same two names pick its scan.
+RRA_KERNEL_BY_IMPLEMENTATION = {"eager": "sequential", "sdpa": "auto"}
 
 
 class VersorCache:
-    """Generation state: multivector keys/values for GPA layers, the rotor R_t for RRA layers.
+    """Generation state: multivector keys/values for GPA layers, the rotor state for RRA layers.
 
     Not a `transformers.Cache` subclass (its layer classes assume KV tensors); it implements what
     `generate` uses: `get_seq_length`, `is_linear`, `is_compileable`, `is_croppable`, and beam reordering.
@@ -61,7 +81,7 @@ class VersorCache:
         self.keys: list[torch.Tensor | None] = [None] * len(self.mixers)
         self.values: list[torch.Tensor | None] = [None] * len(self.mixers)
         self.rotors: list[torch.Tensor | None] = [None] * len(self.mixers)
-        self.seen_tokens = 0
+        self.lengths = [0] * len(self.mixers)
 
     @property
     def is_linear(self) -> list[bool]:
@@ -71,10 +91,11 @@ class VersorCache:
         return len(self.mixers)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.seen_tokens
+        return self.lengths[layer_idx]
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Append `[B, H, L, D]` keys/values of a GPA layer; returns the full cached tensors."""
+        self.lengths[layer_idx] += key.shape[-2]
         if self.keys[layer_idx] is not None:
             key = torch.cat((self.keys[layer_idx], key), dim=-2)
             value = torch.cat((self.values[layer_idx], value), dim=-2)
@@ -84,8 +105,10 @@ class VersorCache:
     def get_rotor(self, layer_idx: int) -> torch.Tensor | None:
         return self.rotors[layer_idx]
 
-    def set_rotor(self, rotor: torch.Tensor, layer_idx: int) -> None:
+    def set_rotor(self, rotor: torch.Tensor, layer_idx: int, length: int) -> None:
+        """Store an RRA layer's state after `length` more tokens."""
         self.rotors[layer_idx] = rotor
+        self.lengths[layer_idx] += length
 
     def _map(self, fn) -> None:
         for store in (self.keys, self.values, self.rotors):
@@ -101,6 +124,11 @@ class VersorCache:
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self._map(lambda t: t[indices])
+
+
+def multivectors(x: torch.Tensor) -> torch.Tensor:
+    """[..., 32 C] -> [..., C, 32] (a view)."""
+    return x.unflatten(-1, (-1, NUM_BLADES))
 
 
 class VersorLinear(nn.Module):
@@ -132,12 +160,13 @@ class VersorNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., 32 C] -> [..., 32 C], computed in float32."""
         input_dtype = x.dtype
-        x = x.float()
+        x = multivectors(upcast(x))
         onehot = conformal_algebra().table("grade_onehot", x.device)  # [32, 6]
         per_grade = (x.pow(2) @ onehot).mean(-2, keepdim=True)  # [..., 1, 6]
-        scale = torch.rsqrt(per_grade + self.variance_epsilon) * self.weight.float()  # [..., C, 6]
-        return (x * (scale @ onehot.T)).to(input_dtype)
+        scale = torch.rsqrt(per_grade + self.variance_epsilon) * upcast(self.weight)  # [..., C, 6]
+        return (x * (scale @ onehot.T)).flatten(-2).to(input_dtype)
 
 
 class VersorMLP(nn.Module):
@@ -151,8 +180,10 @@ class VersorMLP(nn.Module):
         self.down_proj = VersorLinear(inner, config.num_channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., 32 C] -> [..., 32 C]."""
+        x = multivectors(x)
         gate = F.silu(self.gate_proj(x)[..., :1])
-        return self.down_proj(self.up_proj(x) * gate)
+        return self.down_proj(self.up_proj(x) * gate).flatten(-2)
 
 
 class VersorGPA(nn.Module):
@@ -173,53 +204,52 @@ class VersorGPA(nn.Module):
         self.o_proj = VersorLinear(inner, config.num_channels)
         self.gamma = nn.Parameter(torch.full((self.num_heads,), float(config.gpa_gamma_init)))
 
-    def _kernel(self) -> str:
-        if self.config.gpa_kernel != "auto":
-            return self.config.gpa_kernel
-        return "reference" if self.config._attn_implementation == "eager" else "auto"
+    def project(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(query, key, value), each [B, H, L, 32 c], from the normed stream [B, L, 32 C]."""
+        batch, length = hidden_states.shape[:2]
+        x = multivectors(hidden_states)
+
+        def heads(y: torch.Tensor) -> torch.Tensor:  # [B, L, H*c, 32] -> [B, H, L, 32 c]
+            return y.reshape(batch, length, self.num_heads, -1).transpose(1, 2)
+
+        return heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
 
     def forward(
         self,
         hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        padding_mask: torch.Tensor | None,
+        position_embeddings: Any = None,
+        padding_mask: torch.Tensor | None = None,
         past_key_values: VersorCache | None = None,
         output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
         batch, length = hidden_states.shape[:2]
-
-        def heads(x: torch.Tensor) -> torch.Tensor:  # [B, L, H*c, 32] -> [B, H, L, 32 c]
-            return x.reshape(batch, length, self.num_heads, -1).transpose(1, 2)
-
-        query = heads(self.q_proj(hidden_states))
-        key = heads(self.k_proj(hidden_states))
-        value = heads(self.v_proj(hidden_states))
+        query, key, value = self.project(hidden_states)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
-        output, weights = geometric_product_attention(
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+            attention_implementation(self.config, output_attentions), gpa_eager
+        )
+        output, weights = attention_interface(
             query,
             key,
             value,
             self.gamma,
-            attention_mask,
-            is_causal=uses_is_causal(attention_mask, self.is_causal, length),
+            causal=self.is_causal,
+            key_padding_mask=padding_mask,
             scaling=self.scaling,
             eps=self.config.gpa_eps,
-            kernel=self._kernel(),
-            scalar_only=not self.config.gpa_bivector,
-            output_weights=output_attentions,
-            key_padding_mask=padding_mask,
-            causal=self.is_causal,
+            bivector=self.config.gpa_bivector,
         )
         output = output.transpose(1, 2).reshape(batch, length, -1, NUM_BLADES)
-        return self.o_proj(output), weights
+        return self.o_proj(output).flatten(-2), weights, None
 
 
 class VersorRRA(nn.Module):
     """Recursive rotor accumulator: B_t = s tanh(W x_t) per head, R_t = R_{t-1} exp(-B_t/2), y_t = R_t v_t ~R_t.
 
     With `rra_accumulate="compact"` the rotation part of B_t is accumulated and the boost part applied per
-    token (see `ops_rra.py`). Padding tokens get B_t = 0 (identity rotor). The cache keeps R_t only."""
+    token (see `ops_rra.py`). Padding tokens get B_t = 0 (identity rotor). The cache keeps the rotor state
+    only."""
 
     def __init__(self, config: VersorConfig, layer_idx: int) -> None:
         super().__init__()
@@ -232,41 +262,44 @@ class VersorRRA(nn.Module):
         self.v_proj = VersorLinear(config.num_channels, inner)
         self.o_proj = VersorLinear(inner, config.num_channels)
 
+    def bivectors(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """B_t = s tanh(W x_t), float32 [B, L, H, 10] (BIVECTOR_MASKS order) from the normed stream."""
+        raw = self.bivector_proj(hidden_states)
+        bivectors = self.config.rra_bivector_scale * torch.tanh(upcast(raw))
+        return bivectors.unflatten(-1, (self.num_heads, len(BIVECTOR_MASKS)))
+
     def forward(
         self,
         hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        padding_mask: torch.Tensor | None,
+        position_embeddings: Any = None,
+        padding_mask: torch.Tensor | None = None,
         past_key_values: VersorCache | None = None,
         output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, None]:
+    ) -> tuple[torch.Tensor, None, None]:
         batch, length = hidden_states.shape[:2]
-        raw = self.bivector_proj(hidden_states.reshape(batch, length, -1))
-        bivectors = self.config.rra_bivector_scale * torch.tanh(raw.float())
-        bivectors = bivectors.reshape(batch, length, self.num_heads, len(BIVECTOR_MASKS))
+        bivectors = self.bivectors(hidden_states)
         if padding_mask is not None:  # [B, past + L] -> this chunk's tokens
-            token_mask = padding_mask[:, -length:]
-            bivectors = bivectors * token_mask[:, :, None, None].to(bivectors.dtype)
-        local = None
-        if self.config.rra_accumulate == "compact":
-            keep = torch.zeros(len(BIVECTOR_MASKS), device=bivectors.device, dtype=bivectors.dtype)
-            keep[_ROTATION] = 1.0
-            local = bivectors * (1.0 - keep)
-            bivectors = bivectors * keep
-        value = self.v_proj(hidden_states).reshape(batch, length, self.num_heads, self.head_channels, NUM_BLADES)
+            bivectors = bivectors * padding_mask[:, -length:, None, None].to(bivectors.dtype)
+        value = self.v_proj(multivectors(hidden_states))
+        value = value.reshape(batch, length, self.num_heads, self.head_channels, NUM_BLADES)
         initial = past_key_values.get_rotor(self.layer_idx) if past_key_values is not None else None
+        implementation = attention_implementation(self.config)
         output, state = recursive_rotor_accumulator(
-            bivectors, value, initial=initial, kernel=self.config.rra_kernel, local_bivectors=local
+            bivectors,
+            value,
+            accumulate=self.config.rra_accumulate,
+            initial=initial,
+            kernel=RRA_KERNEL_BY_IMPLEMENTATION[implementation],
         )
         if past_key_values is not None:
-            past_key_values.set_rotor(state, self.layer_idx)
-        return self.o_proj(output.reshape(batch, length, -1, NUM_BLADES)), None
+            past_key_values.set_rotor(state, self.layer_idx, length)
+        return self.o_proj(output.reshape(batch, length, -1, NUM_BLADES)).flatten(-2), None, None
 
 
 VERSOR_MIXER_CLASSES = {"gpa": VersorGPA, "rra": VersorRRA}
 
 
-class VersorDecoderLayer(GradientCheckpointingLayer):
+class VersorDecoderLayer(GeometricDecoderLayer):
     def __init__(self, config: VersorConfig, layer_idx: int) -> None:
         super().__init__()
         self.mixer_type = config.layer_mixer(layer_idx)
@@ -275,26 +308,9 @@ class VersorDecoderLayer(GradientCheckpointingLayer):
         self.input_layernorm = VersorNorm(config.num_channels, eps=config.rms_norm_eps)
         self.post_attention_layernorm = VersorNorm(config.num_channels, eps=config.rms_norm_eps)
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        padding_mask: torch.Tensor | None = None,
-        past_key_values: VersorCache | None = None,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        residual = hidden_states
-        hidden_states, weights = self.mixer(
-            self.input_layernorm(hidden_states),
-            attention_mask,
-            padding_mask,
-            past_key_values=past_key_values,
-            output_attentions=output_attentions,
-        )
-        hidden_states = residual + hidden_states
-        residual = hidden_states
-        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
-        return residual + hidden_states, weights
+    @property
+    def token_mixer(self) -> nn.Module:
+        return self.mixer
 
 
 class VersorPreTrainedModel(GeometricPreTrainedModel):
@@ -307,6 +323,9 @@ class VersorPreTrainedModel(GeometricPreTrainedModel):
         "AutoModelForCausalLM": "modeling_versor.VersorForCausalLM",
         "AutoModelForSequenceClassification": "modeling_versor.VersorForSequenceClassification",
     }
+
+    # The rotor state cannot be cropped: generate refuses assisted decoding with its own clear message.
+    _is_stateful = True
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -324,7 +343,9 @@ class VersorPreTrainedModel(GeometricPreTrainedModel):
             hf_init.constant_(module.gamma, float(self.config.gpa_gamma_init))
 
 
-class VersorModel(VersorPreTrainedModel):
+class VersorModel(GeometricModel, VersorPreTrainedModel):
+    """Shared backbone with multivector layers and the recurrent `VersorCache`."""
+
     def __init__(self, config: VersorConfig) -> None:
         super().__init__(config)
         self.padding_idx = config.pad_token_id
@@ -335,74 +356,15 @@ class VersorModel(VersorPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embed_tokens
+    def new_cache(self) -> VersorCache:
+        return VersorCache(self.config)
 
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.embed_tokens = value
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        past_key_values: VersorCache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs: Any,
-    ) -> BaseModelOutputWithPast | tuple:
-        past_key_values = pop_cache_kwarg(past_key_values, kwargs)
-        output_attentions, output_hidden_states, return_dict, use_cache = resolve_forward_flags(
-            self, output_attentions, output_hidden_states, return_dict, use_cache
-        )
-        if past_key_values is not None and not isinstance(past_key_values, VersorCache):
+    def check_cache(self, cache: Any) -> None:
+        if cache is not None and not isinstance(cache, VersorCache):
             raise ValueError(
-                f"Versor keeps its own recurrent cache; got {type(past_key_values).__name__}. Pass the cache "
-                "returned by a previous Versor forward (or none)."
+                f"Versor keeps its own recurrent cache; got {type(cache).__name__}. Pass the cache returned by a "
+                "previous Versor forward (or none)."
             )
-        if use_cache and past_key_values is None:
-            past_key_values = VersorCache(self.config)
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        check_inputs(self.config, input_ids, inputs_embeds, attention_mask, past_length)
-
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
-        batch, length = inputs_embeds.shape[:2]
-        mask = build_attention_mask(
-            attention_mask, batch, length, past_length + length, self.config.causal, inputs_embeds.device
-        )
-
-        hidden_states = inputs_embeds.reshape(batch, length, self.config.num_channels, NUM_BLADES)
-        all_hidden_states = () if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        for layer in self.layers:
-            if output_hidden_states:
-                all_hidden_states += (hidden_states.reshape(batch, length, -1),)
-            hidden_states, weights = layer(
-                hidden_states,
-                attention_mask=mask,
-                padding_mask=attention_mask,
-                past_key_values=past_key_values,
-                output_attentions=output_attentions,
-            )
-            if output_attentions:
-                all_attentions += (weights,)
-        hidden_states = self.norm(hidden_states).reshape(batch, length, -1)
-        if output_hidden_states:
-            all_hidden_states += (hidden_states,)
-        if past_key_values is not None:
-            past_key_values.seen_tokens += length
-
-        output = BaseModelOutputWithPast(
-            last_hidden_state=hidden_states,
-            hidden_states=all_hidden_states,
-            attentions=all_attentions,
-            **{CACHE_FIELD: past_key_values if use_cache else None},
-        )
-        return output if return_dict else output.to_tuple()
 
 
 class VersorForCausalLM(ForCausalLMHead, VersorPreTrainedModel, GenerationMixin):

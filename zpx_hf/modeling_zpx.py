@@ -1,9 +1,9 @@
 """ZPX models: Llama-style decoder blocks whose attention adds the angle and Riemann-sphere kernels.
 
-`ZPXModel` (backbone), `ZPXForCausalLM` (generation, KV cache, centre-cancellation loss) and
-`ZPXForSequenceClassification`. The attention path follows `config._attn_implementation`:
-`"eager"` is the materialised reference, `"sdpa"` the exact augmented-head-dim form (see
-`ops_zpx.py`).
+The family contributes its config, `ZPXAttention` (phase encoder + angle-sphere attention) and its
+outputs (`phases`, `center_loss`); the backbone and heads are the shared ones of `modeling_common.py`.
+Attention runs through the model-local `ALL_ATTENTION_FUNCTIONS`: `"eager"` is the term-by-term formula
+(`ops_zpx_naive.py`), `"sdpa"` the exact augmented-head-dim form (`ops_zpx.py`).
 """
 
 from __future__ import annotations
@@ -14,37 +14,34 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import GenerationMixin
-from transformers.cache_utils import Cache, DynamicCache
-from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import (
-    BaseModelOutputWithPast,
-    CausalLMOutputWithPast,
-)
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_utils import AttentionInterface
 
 from .configuration_zpx import ZPXConfig
-from .modeling_blocks import (
-    CACHE_FIELD,
+from .modeling_blocks import RMSNorm, SwiGLUMLP
+from .modeling_common import (
     ForCausalLMHead,
     ForSequenceClassificationHead,
+    GeometricDecoderLayer,
+    GeometricModel,
     GeometricPreTrainedModel,
-    RMSNorm,
-    SwiGLUMLP,
-    build_attention_mask,
-    check_inputs,
-    default_position_ids,
-    pop_cache_kwarg,
-    resolve_forward_flags,
-    uses_is_causal,
+    attention_implementation,
 )
 from .ops_zpx import (
-    ZPX_ATTENTION_FUNCTIONS,
     PhaseState,
     center_cancellation_loss,
     phase_coordinates,
     phase_key_features,
     phase_tensor,
+    zpx_attention_sdpa,
 )
+from .ops_zpx_naive import zpx_attention_naive
 from .rotary_srpe import apply_rotary, build_rotary
+
+# Model-local registry: "eager" falls back to the reference passed to `get_interface`.
+ALL_ATTENTION_FUNCTIONS = AttentionInterface()
+ALL_ATTENTION_FUNCTIONS["sdpa"] = zpx_attention_sdpa
 
 
 @dataclass
@@ -112,9 +109,10 @@ class ZPXAttention(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
-        attention_mask: torch.Tensor | None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        padding_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
+        output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, PhaseState]:
         batch, length = hidden_states.shape[:2]
         hidden_shape = (batch, length, self.num_heads, self.head_dim)
@@ -131,31 +129,26 @@ class ZPXAttention(nn.Module):
         if past_key_values is not None:
             key_aug, value = past_key_values.update(key_aug, value, self.layer_idx)
 
-        implementation = self.config._attn_implementation or "sdpa"
-        if implementation not in ZPX_ATTENTION_FUNCTIONS:
-            raise ValueError(
-                f"`attn_implementation`={implementation!r} is not available for ZPX; use one of "
-                f"{sorted(ZPX_ATTENTION_FUNCTIONS)} (sdpa already runs FlashAttention-class kernels)."
-            )
-        attention = ZPX_ATTENTION_FUNCTIONS[implementation]
-        output, weights = attention(
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+            attention_implementation(self.config, output_attentions), zpx_attention_naive
+        )
+        output, weights = attention_interface(
             query,
             key_aug,
             value,
             features,
-            attention_mask,
-            is_causal=uses_is_causal(attention_mask, self.is_causal, length),
+            padding_mask,
+            causal=self.is_causal,
             scaling=self.scaling,
             lambda_angle=self.config.lambda_angle,
             lambda_sphere=self.config.lambda_sphere,
-            dropout=self.config.attention_dropout,
-            training=self.training,
+            dropout=self.config.attention_dropout if self.training else 0.0,
         )
         output = self.o_proj(output.reshape(batch, length, -1))
         return output, weights, phase
 
 
-class ZPXDecoderLayer(GradientCheckpointingLayer):
+class ZPXDecoderLayer(GeometricDecoderLayer):
     def __init__(self, config: ZPXConfig, layer_idx: int) -> None:
         super().__init__()
         self.self_attn = ZPXAttention(config, layer_idx)
@@ -163,22 +156,9 @@ class ZPXDecoderLayer(GradientCheckpointingLayer):
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        past_key_values: Cache | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, PhaseState]:
-        residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
-        hidden_states, weights, phase = self.self_attn(
-            hidden_states, position_embeddings, attention_mask, past_key_values=past_key_values
-        )
-        hidden_states = residual + hidden_states
-        residual = hidden_states
-        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
-        return residual + hidden_states, weights, phase
+    @property
+    def token_mixer(self) -> ZPXAttention:
+        return self.self_attn
 
 
 class ZPXPreTrainedModel(GeometricPreTrainedModel):
@@ -192,7 +172,11 @@ class ZPXPreTrainedModel(GeometricPreTrainedModel):
     }
 
 
-class ZPXModel(ZPXPreTrainedModel):
+class ZPXModel(GeometricModel, ZPXPreTrainedModel):
+    """Shared backbone with ZPX layers; `output_phases=True` adds each layer's phase tensor Phi."""
+
+    output_class = ZPXModelOutputWithPast
+
     def __init__(self, config: ZPXConfig) -> None:
         super().__init__(config)
         self.padding_idx = config.pad_token_id
@@ -204,86 +188,26 @@ class ZPXModel(ZPXPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embed_tokens
+    def position_embeddings(
+        self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return self.rotary_emb(inputs_embeds, position_ids) if self.rotary_emb is not None else None
 
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.embed_tokens = value
-
-    def forward(
+    def extra_outputs(
         self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
+        extras: list[PhaseState],
+        token_mask: torch.Tensor | None,
         output_phases: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs: Any,
-    ) -> ZPXModelOutputWithPast | tuple:
-        past_key_values = pop_cache_kwarg(past_key_values, kwargs)
-        output_attentions, output_hidden_states, return_dict, use_cache = resolve_forward_flags(
-            self, output_attentions, output_hidden_states, return_dict, use_cache
-        )
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        check_inputs(self.config, input_ids, inputs_embeds, attention_mask, past_length)
-
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
-        batch, length = inputs_embeds.shape[:2]
-        if position_ids is None:
-            position_ids = default_position_ids(attention_mask, past_length, length, inputs_embeds.device)
-        mask = build_attention_mask(
-            attention_mask, batch, length, past_length + length, self.config.causal, inputs_embeds.device
-        )
-        position_embeddings = None
-        if self.rotary_emb is not None:
-            position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
-        token_mask = attention_mask[:, past_length:] if attention_mask is not None else None
-
-        hidden_states = inputs_embeds
-        all_hidden_states = () if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        all_phases = () if output_phases else None
+    ) -> dict[str, Any]:
         # The centre term costs a reduction per layer: only computed when it is used or asked for.
-        want_center = bool(output_phases) or self.config.center_loss_weight > 0
-        center_loss = hidden_states.new_zeros((), dtype=torch.float32) if want_center else None
-        for layer in self.layers:
-            if output_hidden_states:
-                all_hidden_states += (hidden_states,)
-            hidden_states, weights, phase = layer(
-                hidden_states,
-                attention_mask=mask,
-                position_embeddings=position_embeddings,
-                past_key_values=past_key_values,
-            )
-            if want_center:
-                center_loss = center_loss + center_cancellation_loss(phase, token_mask)
-            if output_attentions:
-                all_attentions += (weights,)
-            if output_phases:
-                # [B, H, L, C, 7] -> [B, L, H, C, 7]
-                all_phases += (phase_tensor(phase).transpose(1, 2),)
-        hidden_states = self.norm(hidden_states)
-        if output_hidden_states:
-            all_hidden_states += (hidden_states,)
-        if want_center:
-            center_loss = center_loss / len(self.layers)
-
-        output = ZPXModelOutputWithPast(
-            last_hidden_state=hidden_states,
-            hidden_states=all_hidden_states,
-            attentions=all_attentions,
-            phases=all_phases,
-            center_loss=center_loss,
-            **{CACHE_FIELD: past_key_values if use_cache else None},
-        )
-        return output if return_dict else output.to_tuple()
+        center_loss = None
+        if output_phases or self.config.center_loss_weight > 0:
+            center_loss = sum(center_cancellation_loss(phase, token_mask) for phase in extras) / len(extras)
+        phases = None
+        if output_phases:  # [B, H, L, C, 7] -> [B, L, H, C, 7]
+            phases = tuple(phase_tensor(phase).transpose(1, 2) for phase in extras)
+        return {"phases": phases, "center_loss": center_loss}
 
 
 class ZPXForCausalLM(ForCausalLMHead, ZPXPreTrainedModel, GenerationMixin):

@@ -1,7 +1,6 @@
-"""ZPX angle-sphere attention (SPEC §2): phase coordinates and the two attention paths.
+"""ZPX angle-sphere attention (SPEC §2): phase coordinates and the fast attention path.
 
-Phase encoder output per head and channel c (pre-activations come from `to_log_r`,
-`to_theta`, `to_b`):
+Phase encoder output per head and channel c (pre-activations come from `to_log_r`, `to_theta`, `to_b`):
 
     log_r = R tanh(W_r h / R),  theta = pi tanh(W_theta h),  b = sigmoid(W_b h)
     phi   = theta + pi b,       x + iy = e^{log_r} e^{i phi}
@@ -9,14 +8,10 @@ Phase encoder output per head and channel c (pre-activations come from `to_log_r
 
 Score:  S_ij = q_i.k_j / sqrt(d) + la mean_c cos(phi_ic - phi_jc) + ls mean_c <s_ic, s_jc>
 
-Two interchangeable paths, selected by HF's `attn_implementation`:
-
-* `zpx_attention_eager` - the formula as written: materialises the [.., Lq, Lk, C] angle and
-  [.., Lq, Lk, C, 3] sphere tensors. Readable reference; O(L^2 C) memory.
-* `zpx_attention_sdpa` - the exact fast form. cos(a - b) = cos a cos b + sin a sin b, so with
-  q^ = [q/sqrt(d), (la/C) cos phi, (la/C) sin phi, (ls/C) s] and k^ = [k, cos phi, sin phi, s],
-  S = q^ . k^. That is ordinary scaled-dot-product attention (scale 1) on head dim d + 5C, run
-  by `torch.nn.functional.scaled_dot_product_attention` with O(L) memory. Keys are cached as k^.
+`zpx_attention_sdpa` is the exact fast form: cos(a - b) = cos a cos b + sin a sin b, so with
+q^ = [q/sqrt(d), (la/C) cos phi, (la/C) sin phi, (ls/C) s] and k^ = [k, cos phi, sin phi, s], S = q^ . k^:
+ordinary scaled-dot-product attention (scale 1) on head dim d + 5C with O(L) memory. Keys are cached as
+k^. The term-by-term reference is `ops_zpx_naive.zpx_attention_naive` (same signature).
 """
 
 from __future__ import annotations
@@ -27,7 +22,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-PHASE_FEATURES = 5  # cos phi, sin phi, X, Y, Z
+from .modeling_blocks import build_attention_mask, upcast, uses_is_causal
+from .ops_zpx_naive import PHASE_FEATURES
 
 
 class PhaseState(NamedTuple):
@@ -93,7 +89,7 @@ def augment_query(
 
 def center_cancellation_loss(state: PhaseState, token_mask: torch.Tensor | None) -> torch.Tensor:
     """L_center = mean_{batch, head, c} |sum_i r_i e^{i phi_i}|^2 over real (non-padding) tokens."""
-    x, y = state.x.float(), state.y.float()
+    x, y = upcast(state.x), upcast(state.y)
     if token_mask is not None:
         weight = token_mask.to(x.dtype)[:, None, :, None]  # [B, 1, L, 1]
         x, y = x * weight, y * weight
@@ -101,78 +97,23 @@ def center_cancellation_loss(state: PhaseState, token_mask: torch.Tensor | None)
     return (x_sum * x_sum + y_sum * y_sum).mean()
 
 
-def _to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    if mask is None:
-        return None
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
-
-
-def _causal_bool(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
-    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
-    return torch.arange(kv_len, device=device)[None, :] <= q_pos
-
-
-def zpx_attention_eager(
-    query: torch.Tensor,
-    key_aug: torch.Tensor,
-    value: torch.Tensor,
-    query_features: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    is_causal: bool,
-    scaling: float,
-    lambda_angle: float,
-    lambda_sphere: float,
-    dropout: float = 0.0,
-    training: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference path: the score formula term by term, materialising [.., Lq, Lk, C(, 3)].
-
-    query [B, H, Lq, d], key_aug [B, H, Lk, d + 5C] (cached k^), value [B, H, Lk, dv],
-    query_features [B, H, Lq, 5C], attention_mask bool [B, 1, Lq, Lk] or None.
-    Returns (output [B, Lq, H, dv], attention weights [B, H, Lq, Lk]).
-    """
-    head_dim = query.shape[-1]
-    key, key_features = key_aug[..., :head_dim], key_aug[..., head_dim:]
-    channels = key_features.shape[-1] // PHASE_FEATURES
-
-    def unpack(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin, sx, sy, sz = features.split(channels, dim=-1)
-        return torch.atan2(sin, cos), torch.stack((sx, sy, sz), dim=-1)
-
-    phi_q, sphere_q = unpack(query_features)
-    phi_k, sphere_k = unpack(key_features)
-
-    content = torch.matmul(query, key.transpose(-1, -2)) * scaling
-    angle = torch.cos(phi_q[:, :, :, None, :] - phi_k[:, :, None, :, :]).mean(dim=-1)
-    sphere = (sphere_q[:, :, :, None, :, :] * sphere_k[:, :, None, :, :, :]).sum(dim=-1).mean(dim=-1)
-    scores = content + lambda_angle * angle + lambda_sphere * sphere
-
-    if is_causal:
-        causal = _causal_bool(query.shape[2], key.shape[2], query.device)
-        attention_mask = causal[None, None] if attention_mask is None else attention_mask & causal
-    if attention_mask is not None:
-        scores = scores + _to_additive(attention_mask, scores.dtype)
-    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = F.dropout(weights, p=dropout, training=training)
-    output = torch.matmul(weights, value)
-    return output.transpose(1, 2).contiguous(), weights
-
-
 def zpx_attention_sdpa(
     query: torch.Tensor,
     key_aug: torch.Tensor,
     value: torch.Tensor,
     query_features: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    is_causal: bool,
+    padding_mask: torch.Tensor | None,
+    *,
+    causal: bool,
     scaling: float,
     lambda_angle: float,
     lambda_sphere: float,
     dropout: float = 0.0,
-    training: bool = False,
 ) -> tuple[torch.Tensor, None]:
-    """Fast path: one SDPA call on the augmented head dim (same signature as the eager path)."""
+    """Fast path, the signature of `zpx_attention_naive`: one SDPA call on the augmented head dim."""
+    batch, _, q_len, _ = query.shape
     query_aug = augment_query(query, query_features, scaling, lambda_angle, lambda_sphere)
+    mask = build_attention_mask(padding_mask, batch, q_len, key_aug.shape[2], causal, query.device)
     value_dim = value.shape[-1]
     if value_dim != query_aug.shape[-1]:
         # Fused SDPA kernels (flash on CPU and GPU) need one head dim for q, k and v: pad v with zeros
@@ -182,12 +123,9 @@ def zpx_attention_sdpa(
         query_aug,
         key_aug,
         value,
-        attn_mask=attention_mask,
-        dropout_p=dropout if training else 0.0,
-        is_causal=is_causal,
+        attn_mask=mask,
+        dropout_p=dropout,
+        is_causal=uses_is_causal(mask, causal, q_len),
         scale=1.0,
     )
     return output[..., :value_dim].transpose(1, 2).contiguous(), None
-
-
-ZPX_ATTENTION_FUNCTIONS = {"eager": zpx_attention_eager, "sdpa": zpx_attention_sdpa}

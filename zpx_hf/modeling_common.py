@@ -1,0 +1,419 @@
+"""The decoder backbone and heads shared by the ZPX, PCT and Versor families.
+
+A family contributes its config, its token mixer (attention or rotor accumulator), MLP and norms; this
+file holds what is the same for all three: the pre-norm decoder block, the backbone forward (inputs,
+cache, positions, padding, the layer loop, recorded outputs), the causal-LM and sequence-classification
+heads with transformers' own losses, and the attention-implementation rules (`"eager"` = the readable
+reference, `"sdpa"` = the fast path; one function on both).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.loss.loss_utils import ForCausalLMLoss, ForSequenceClassificationLoss
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    SequenceClassifierOutputWithPast,
+)
+
+from .modeling_blocks import (
+    CACHE_FIELD,
+    RMSNorm,
+    check_inputs,
+    default_position_ids,
+    hf_init,
+    pool_last_token,
+    pop_cache_kwarg,
+)
+
+# The attention implementations every family offers through `attn_implementation`.
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+def attention_implementation(config: Any, output_attentions: bool = False) -> str:
+    """The implementation a mixer runs: the config's, or `"eager"` when attention weights are asked for
+    (both compute the same function; only the reference materialises the weights)."""
+    implementation = config._attn_implementation or "sdpa"
+    if implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(
+            f"`attn_implementation`={implementation!r} is not available for {config.model_type}: use 'eager' "
+            "(the readable reference) or 'sdpa' (the fast path: Triton on CUDA, the memory-lean PyTorch path on CPU)."
+        )
+    return "eager" if output_attentions else implementation
+
+
+def resolve_forward_flags(
+    model: nn.Module,
+    output_attentions: bool | None,
+    output_hidden_states: bool | None,
+    return_dict: bool | None,
+    use_cache: bool | None,
+) -> tuple[bool, bool, bool, bool]:
+    """(output_attentions, output_hidden_states, return_dict, use_cache) with config defaults filled in. No
+    cache for a bidirectional encoder or under gradient checkpointing in training."""
+    config = model.config
+    output_attentions = config.output_attentions if output_attentions is None else output_attentions
+    output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
+    return_dict = config.return_dict if return_dict is None else return_dict
+    use_cache = config.use_cache if use_cache is None else use_cache
+    if not config.causal or (model.gradient_checkpointing and model.training):
+        use_cache = False
+    return bool(output_attentions), bool(output_hidden_states), bool(return_dict), bool(use_cache)
+
+
+class GeometricPreTrainedModel(PreTrainedModel):
+    """Base of every family's `PreTrainedModel`.
+
+    Subclasses set `config_class`, `_no_split_modules` and `remote_code_auto_map` (Auto class name ->
+    "module.Class" of the copied remote-code files).
+    """
+
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    # Flash / flex kernels compute plain softmax attention: a different function, so they are refused.
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+    remote_code_auto_map: dict[str, str] = {}
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            hf_init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                hf_init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            hf_init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, RMSNorm):
+            hf_init.ones_(module.weight)
+
+    def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> Any:
+        # HF writes `auto_map` only for the saved class; a checkpoint should open through every Auto
+        # class of its family, so the full map is written before saving.
+        if self.remote_code_auto_map:
+            self.config.auto_map = dict(self.remote_code_auto_map)
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+
+class GeometricDecoderLayer(GradientCheckpointingLayer):
+    """Pre-norm block:  h = h + mixer(norm_1(h));  h = h + mlp(norm_2(h)).
+
+    A family's layer builds `input_layernorm`, `post_attention_layernorm`, `mlp` and its mixer, and names
+    the mixer through `token_mixer` (ZPX and PCT: `self_attn`; Versor: `mixer`, the names its checkpoints
+    hold). The mixer returns `(output, attention weights or None, per-layer extra or None)`.
+    """
+
+    @property
+    def token_mixer(self) -> nn.Module:
+        raise NotImplementedError(f"{type(self).__name__} must name its token mixer")
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: Any = None,
+        padding_mask: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
+        residual = hidden_states
+        mixed, weights, extra = self.token_mixer(
+            self.input_layernorm(hidden_states),
+            position_embeddings=position_embeddings,
+            padding_mask=padding_mask,
+            past_key_values=past_key_values,
+            output_attentions=output_attentions,
+        )
+        hidden_states = residual + mixed
+        hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+        return hidden_states, weights, extra
+
+
+class GeometricModel(GeometricPreTrainedModel):
+    """The backbone every family shares: embeddings -> decoder layers -> final norm.
+
+    A family's `__init__` sets `embed_tokens`, `layers`, `norm`, `feature_size` (real features per token
+    read by the heads) and may override `new_cache`, `check_cache`, `position_embeddings` and
+    `extra_outputs` (outputs beyond HF's, e.g. ZPX's phases).
+    """
+
+    output_class: type = BaseModelOutputWithPast
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.embed_tokens = value
+
+    def new_cache(self) -> Any:
+        """The cache `forward` creates when `use_cache` and none is passed."""
+        from transformers.cache_utils import DynamicCache
+
+        return DynamicCache(config=self.config)
+
+    def check_cache(self, cache: Any) -> None:
+        """Raise on a cache this family cannot continue from."""
+
+    def position_embeddings(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> Any:
+        """Per-token position tables for the mixers (none by default)."""
+        return None
+
+    def extra_outputs(self, extras: list[Any], token_mask: torch.Tensor | None, **kwargs: Any) -> dict[str, Any]:
+        """Fields added to the output from the mixers' per-layer extras (none by default)."""
+        return {}
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        past_key_values = pop_cache_kwarg(past_key_values, kwargs)
+        output_attentions, output_hidden_states, return_dict, use_cache = resolve_forward_flags(
+            self, output_attentions, output_hidden_states, return_dict, use_cache
+        )
+        self.check_cache(past_key_values)
+        if use_cache and past_key_values is None:
+            past_key_values = self.new_cache()
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        check_inputs(
+            self.config,
+            input_ids,
+            inputs_embeds,
+            attention_mask,
+            position_ids,
+            past_length,
+            embedding_width=self.embed_tokens.weight.shape[-1],
+        )
+
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        length = inputs_embeds.shape[1]
+        if position_ids is None:
+            position_ids = default_position_ids(attention_mask, past_length, length, inputs_embeds.device)
+        position_embeddings = self.position_embeddings(inputs_embeds, position_ids)
+        # [B, past + L] bool, True = real token; None when nothing is padded.
+        padding_mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            padding_mask = attention_mask.to(device=inputs_embeds.device, dtype=torch.bool)
+
+        hidden_states = inputs_embeds
+        all_hidden_states = () if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        extras = []
+        for layer in self.layers:
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            hidden_states, weights, extra = layer(
+                hidden_states,
+                position_embeddings=position_embeddings,
+                padding_mask=padding_mask,
+                past_key_values=past_key_values,
+                output_attentions=output_attentions,
+            )
+            extras.append(extra)
+            if output_attentions:
+                all_attentions += (weights,)
+        hidden_states = self.norm(hidden_states)
+        if output_hidden_states:
+            all_hidden_states += (hidden_states,)
+
+        token_mask = padding_mask[:, past_length:] if padding_mask is not None else None
+        output = self.output_class(
+            last_hidden_state=hidden_states,
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+            **self.extra_outputs(extras, token_mask, **kwargs),
+            **{CACHE_FIELD: past_key_values if use_cache else None},
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class ForCausalLMHead:
+    """Causal-LM head shared by every family (HF's `Generic*` pattern); a family declares
+    `class XForCausalLM(ForCausalLMHead, XPreTrainedModel, GenerationMixin)` and sets `backbone_class`.
+
+    `self.model` is the backbone; `lm_head` maps its `feature_size` real features to the vocabulary. The
+    loss is transformers' causal-LM loss: `labels` are shifted inside, or `shift_labels` (context
+    parallelism, padding-free collators) are the targets as given. Families with an auxiliary objective
+    (ZPX's centre term) override `auxiliary_loss` and `extra_outputs`.
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    backbone_class: type[PreTrainedModel]
+    output_class: type = CausalLMOutputWithPast
+
+    def __init__(self, config: Any) -> None:
+        if not config.causal:
+            raise ValueError(f"config field `causal`=False is invalid for {type(self).__name__}: set causal=True.")
+        super().__init__(config)
+        self.model = self.backbone_class(config)
+        self.lm_head = nn.Linear(self.model.feature_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def auxiliary_loss(self, outputs: Any) -> torch.Tensor | None:
+        """Extra training objective added to the task loss (none by default)."""
+        return None
+
+    def extra_outputs(self, outputs: Any) -> dict[str, Any]:
+        """Backbone output fields copied into the head's output (none by default)."""
+        return {}
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        shift_labels: torch.LongTensor | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        past_key_values = pop_cache_kwarg(past_key_values, kwargs)
+        loss_kwargs = {key: kwargs.pop(key) for key in ("num_items_in_batch", "ignore_index") if key in kwargs}
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden_states = hidden_states[:, -logits_to_keep:]
+        elif isinstance(logits_to_keep, torch.Tensor):
+            hidden_states = hidden_states[:, logits_to_keep]
+        logits = self.lm_head(hidden_states)
+
+        loss = None
+        if labels is not None or shift_labels is not None:
+            if shift_labels is not None and shift_labels.shape != logits.shape[:-1]:
+                raise ValueError(
+                    f"`shift_labels` must be [batch, seq_len] = {tuple(logits.shape[:-1])} (one target per logit "
+                    f"position); got {tuple(shift_labels.shape)}."
+                )
+            loss = ForCausalLMLoss(
+                logits, labels, vocab_size=logits.shape[-1], shift_labels=shift_labels, **loss_kwargs
+            )
+            auxiliary = self.auxiliary_loss(outputs)
+            if auxiliary is not None:
+                loss = loss + auxiliary
+        output = self.output_class(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            **self.extra_outputs(outputs),
+            **{CACHE_FIELD: outputs.get(CACHE_FIELD)},
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class ForSequenceClassificationHead:
+    """Sequence-classification head shared by every family: a linear `score` on the features of the
+    last real token (see `pool_last_token`), transformers' regression / single- / multi-label loss."""
+
+    backbone_class: type[PreTrainedModel]
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = self.backbone_class(config)
+        self.score = nn.Linear(self.model.feature_size, config.num_labels, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.embed_tokens = value
+
+    def auxiliary_loss(self, outputs: Any) -> torch.Tensor | None:
+        return None
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> SequenceClassifierOutputWithPast | tuple:
+        kwargs.pop("num_items_in_batch", None)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=False,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        pooled = pool_last_token(outputs.last_hidden_state, input_ids, attention_mask, self.config.pad_token_id)
+        logits = self.score(pooled)
+        loss = None
+        if labels is not None:
+            # float32 logits, as the causal-LM loss does, so bf16 autocast does not change the loss.
+            loss = ForSequenceClassificationLoss(labels, logits.float(), self.config)
+            auxiliary = self.auxiliary_loss(outputs)
+            if auxiliary is not None:
+                loss = loss + auxiliary
+        output = SequenceClassifierOutputWithPast(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+__all__ = [
+    "ATTENTION_IMPLEMENTATIONS",
+    "attention_implementation",
+    "resolve_forward_flags",
+    "GeometricPreTrainedModel",
+    "GeometricDecoderLayer",
+    "GeometricModel",
+    "ForCausalLMHead",
+    "ForSequenceClassificationHead",
+]
