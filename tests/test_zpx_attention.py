@@ -7,7 +7,6 @@ import torch
 from seed_zpx_reference import SeedZPXAngleSphereAttention, seed_center_cancellation_loss
 
 from zpx_hf import ZPXConfig, ZPXModel
-from zpx_hf.modeling_blocks import build_attention_mask
 from zpx_hf.modeling_zpx import ZPXAttention
 from zpx_hf.ops_zpx import center_cancellation_loss, phase_tensor
 
@@ -24,9 +23,9 @@ def seed_configured_layer(dim, channels, lambda_angle, lambda_sphere, implementa
         phase_bias=True,
         lambda_angle=lambda_angle,
         lambda_sphere=lambda_sphere,
+        attn_implementation=implementation,
     )
-    config._attn_implementation = implementation
-    return ZPXAttention(config, layer_idx=0)
+    return ZPXAttention(config, layer_idx=0).double()
 
 
 def copy_seed_weights(layer, seed):
@@ -47,34 +46,33 @@ def copy_seed_weights(layer, seed):
 def test_seed_configuration_reproduces_seed_layer(implementation, with_mask):
     torch.manual_seed(0)
     batch, length, dim, channels = 2, 11, 24, 6
-    seed = SeedZPXAngleSphereAttention(dim, dim, channels, lambda_angle=0.7, lambda_sphere=1.3)
+    seed = SeedZPXAngleSphereAttention(dim, dim, channels, lambda_angle=0.7, lambda_sphere=1.3).double()
     layer = seed_configured_layer(dim, channels, 0.7, 1.3, implementation)
     copy_seed_weights(layer, seed)
-    h = torch.randn(batch, length, dim)
+    h = torch.randn(batch, length, dim, dtype=torch.float64)
     valid = torch.ones(batch, length, dtype=torch.bool)
     valid[1, 7:] = False
     seed_mask = valid if with_mask else None
     expected, expected_attn, expected_phase = seed(h, mask=seed_mask)
 
-    mask = build_attention_mask(valid.long() if with_mask else None, batch, length, length, False, h.device)
-    out, weights, phase = layer(h, None, mask)
-    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+    out, weights, phase = layer(h, padding_mask=valid if with_mask else None)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
     if implementation == "eager":
-        torch.testing.assert_close(weights[:, 0], expected_attn, rtol=0, atol=1e-5)
+        torch.testing.assert_close(weights[:, 0], expected_attn, rtol=1e-10, atol=1e-12)
     # Phi = [log_r, cos, sin, X, Y, Z, b] per channel, as the seed's "tensor"
-    torch.testing.assert_close(phase_tensor(phase)[:, 0], expected_phase["tensor"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(phase_tensor(phase)[:, 0], expected_phase["tensor"], rtol=1e-10, atol=1e-12)
     if not with_mask:
         torch.testing.assert_close(
-            center_cancellation_loss(phase, None), seed_center_cancellation_loss(expected_phase), rtol=1e-5, atol=0
+            center_cancellation_loss(phase, None), seed_center_cancellation_loss(expected_phase), rtol=1e-10, atol=0
         )
 
 
 def test_center_loss_ignores_padding_tokens():
     torch.manual_seed(1)
     layer = seed_configured_layer(16, 4, 1.0, 1.0, "sdpa")
-    h = torch.randn(1, 9, 16)
-    _, _, phase_full = layer(h[:, :6], None, None)
-    _, _, phase_padded = layer(h, None, None)
+    h = torch.randn(1, 9, 16, dtype=torch.float64)
+    _, _, phase_full = layer(h[:, :6])
+    _, _, phase_padded = layer(h)
     token_mask = torch.tensor([[1] * 6 + [0] * 3])
     torch.testing.assert_close(
         center_cancellation_loss(phase_padded, token_mask), center_cancellation_loss(phase_full, None)
@@ -99,12 +97,8 @@ def small_config(**overrides):
 
 def paired_models(**overrides):
     torch.manual_seed(0)
-    config_eager = small_config(**overrides)
-    config_eager._attn_implementation = "eager"
-    config_sdpa = small_config(**overrides)
-    config_sdpa._attn_implementation = "sdpa"
-    eager = ZPXModel(config_eager)
-    sdpa = ZPXModel(config_sdpa)
+    eager = ZPXModel(small_config(attn_implementation="eager", **overrides)).double()
+    sdpa = ZPXModel(small_config(attn_implementation="sdpa", **overrides)).double()
     sdpa.load_state_dict(eager.state_dict())
     return eager, sdpa
 
@@ -128,14 +122,11 @@ def test_eager_and_sdpa_agree_forward_and_gradients(causal, length):
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         outputs.append((hidden.detach(), out.center_loss.detach(), grads))
     (h_e, c_e, g_e), (h_s, c_s, g_s) = outputs
-    torch.testing.assert_close(h_s, h_e, rtol=0, atol=1e-5)
-    torch.testing.assert_close(c_s, c_e)
+    torch.testing.assert_close(h_s, h_e, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(c_s, c_e, rtol=1e-10, atol=1e-12)
     assert g_e.keys() == g_s.keys() and len(g_e) > 10
     for name in g_e:
-        scale = g_e[name].abs().max().clamp(min=1.0)
-        torch.testing.assert_close(
-            g_s[name] / scale, g_e[name] / scale, rtol=0, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
-        )
+        torch.testing.assert_close(g_s[name], g_e[name], rtol=1e-8, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_sdpa_score_is_exactly_the_formula():
