@@ -1,0 +1,214 @@
+"""Geometric product attention in O(L) memory with PyTorch ops: the CPU fast path.
+
+The function of `ops_gpa_naive.gpa_naive`, computed flash-style. With Q^(m)_B = qsign_m[B] Q_{B xor C_m}
+(the 11 signed permutations of the query, `form_tables`), <P_ij>_{C_m} = Q^(m)_i . K_j, so for a panel of
+queries the 11 forms against a block of keys are one GEMM [11 P, D] x [D, N]. Per panel:
+
+* only the key blocks a causal query can see are visited, and fully padded blocks are skipped;
+* an online softmax keeps the running max and sum, and only the log-sum-exp per row is stored;
+* the backward recomputes the scores (a `torch.autograd.Function`): with dS the score gradient,
+  dK = [dS_0; dS_m] ^T [Q^(0); Q^(m)] (one GEMM), dQ^(m) = dS_m K, dQ = sum_m unpermute(dQ^(m)),
+  dS_m = dS * gamma * <P>_{C_m} / norm for the bivector forms.
+
+The query is pre-multiplied by `scaling`, with eps -> eps * scaling^2 (the same score, one pass fewer).
+Memory is O(L) (q, k, v, out, lse and per-panel tiles); a query row with no visible key outputs zeros.
+Computes in float32 (float64 for float64 inputs) with autocast off, and returns the query's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .ops_gpa_naive import NUM_FORMS, check_gpa_inputs, compute_dtype, form_tables
+
+PANEL = 128  # query rows per panel
+BLOCK = 256  # keys per block
+
+
+def _full_tables(dim: int, forms: int, device: torch.device, dtype: torch.dtype):
+    """index/sign tables widened from one multivector (32) to D = 32 c columns: [forms, D]."""
+    index, sign, query_sign = form_tables(device)
+    channels = dim // 32
+    offsets = torch.arange(channels, device=device).repeat_interleave(32) * 32
+    full_index = index[:forms].repeat(1, channels) + offsets
+    return full_index, sign[:forms].repeat(1, channels).to(dtype), query_sign[:forms].repeat(1, channels).to(dtype)
+
+
+def _query_forms(q: torch.Tensor, full_index: torch.Tensor, query_sign: torch.Tensor) -> torch.Tensor:
+    """[B, H, P, D] -> [B, H, forms * P, D], rows m * P + i = Q^(m)_i."""
+    batch, heads, rows, dim = q.shape
+    forms = q[..., full_index] * query_sign  # [B, H, P, forms, D]
+    return forms.transpose(2, 3).reshape(batch, heads, -1, dim)
+
+
+def _unpermute(grad_forms: torch.Tensor, full_index: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
+    """d/dQ of sum_m <G_m, Q^(m)>: G [B, H, forms * P, D] -> [B, H, P, D] (index is an involution)."""
+    batch, heads, _, dim = grad_forms.shape
+    forms = full_index.shape[0]
+    g = grad_forms.view(batch, heads, forms, -1, dim)
+    gathered = torch.gather(g, -1, full_index[None, None, :, None, :].expand_as(g))
+    return (gathered * sign[:, None, :]).sum(2)
+
+
+class _Plan:
+    """Key blocks each query panel visits, with the mask a block needs (None = all visible)."""
+
+    def __init__(self, q_len: int, k_len: int, causal: bool, key_padding_mask: torch.Tensor | None, device):
+        self.offset = k_len - q_len
+        self.causal = causal
+        self.device = device
+        self.blocks = []  # (start, stop, padding [B, 1, 1, N] or None)
+        keys = None if key_padding_mask is None else key_padding_mask.to(device=device, dtype=torch.bool)
+        for start in range(0, k_len, BLOCK):
+            stop = min(start + BLOCK, k_len)
+            padding = None
+            if keys is not None:
+                block = keys[:, start:stop]
+                if not bool(block.any()):
+                    continue  # every sequence's keys here are padding
+                if not bool(block.all()):
+                    padding = block[:, None, None, :]
+            self.blocks.append((start, stop, padding))
+
+    def visits(self, q_start: int, q_stop: int):
+        """(key start, key stop, mask [B|1, 1, P, N] or None) for the panel of queries [q_start, q_stop)."""
+        last = q_stop - 1 + self.offset  # absolute position of the panel's last query
+        first = q_start + self.offset
+        for start, stop, padding in self.blocks:
+            if self.causal and start > last:
+                break
+            mask = padding
+            if self.causal and stop - 1 > first:  # the block crosses the diagonal
+                q_pos = torch.arange(first, last + 1, device=self.device)[:, None]
+                causal = (torch.arange(start, stop, device=self.device)[None, :] <= q_pos)[None, None]
+                mask = causal if mask is None else mask & causal
+            yield start, stop, mask
+
+
+def _scores(products: torch.Tensor, gamma: torch.Tensor, eps: torch.Tensor | None):
+    """products [B, H, forms, P, N] -> (score [B, H, P, N] (a new tensor), norm or None)."""
+    if eps is None:
+        return products[:, :, 0].clone(), None
+    square = products[:, :, 1] * products[:, :, 1]
+    for m in range(2, NUM_FORMS):
+        square.addcmul_(products[:, :, m], products[:, :, m])
+    norm = torch.hypot(square.sqrt_(), eps)  # sqrt(sum <P>_C^2 + eps)
+    return torch.addcmul(products[:, :, 0], gamma, norm), norm
+
+
+class _GPAChunkedFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, query, key, value, gamma, causal, key_padding_mask, scaling, eps, bivector):  # type: ignore[override]
+        batch, heads, q_len, dim = query.shape
+        forms = NUM_FORMS if bivector else 1
+        full_index, sign, query_sign = _full_tables(dim, forms, query.device, query.dtype)
+        plan = _Plan(q_len, key.shape[2], causal, key_padding_mask, query.device)
+        eps_t = torch.tensor(eps * scaling**2, dtype=query.dtype, device=query.device).sqrt() if bivector else None
+        g = gamma.view(1, heads, 1, 1)
+        out = torch.zeros_like(query)
+        lse = torch.full((batch, heads, q_len), float("inf"), dtype=query.dtype, device=query.device)
+        with torch.autocast(query.device.type, enabled=False):
+            for q_start in range(0, q_len, PANEL):
+                q_stop = min(q_start + PANEL, q_len)
+                q_forms = _query_forms(query[:, :, q_start:q_stop] * scaling, full_index, query_sign)
+                rows = q_stop - q_start
+                row_max = torch.full((batch, heads, rows), float("-inf"), dtype=query.dtype, device=query.device)
+                row_sum = torch.zeros(batch, heads, rows, dtype=query.dtype, device=query.device)
+                acc = torch.zeros(batch, heads, rows, dim, dtype=query.dtype, device=query.device)
+                for k_start, k_stop, mask in plan.visits(q_start, q_stop):
+                    products = torch.matmul(q_forms, key[:, :, k_start:k_stop].transpose(-1, -2))
+                    score, _ = _scores(products.view(batch, heads, forms, rows, -1), g, eps_t)
+                    if mask is not None:
+                        score.masked_fill_(~mask, float("-inf"))
+                    new_max = torch.maximum(row_max, score.amax(-1))
+                    shift = new_max.masked_fill(new_max == float("-inf"), 0.0)  # rows with nothing visible yet
+                    p = score.sub_(shift[..., None]).exp_()
+                    alpha = torch.exp(row_max - shift)
+                    row_sum = row_sum * alpha + p.sum(-1)
+                    acc = acc * alpha[..., None] + torch.matmul(p, value[:, :, k_start:k_stop])
+                    row_max = new_max
+                seen = row_sum > 0
+                out[:, :, q_start:q_stop] = acc / torch.where(seen, row_sum, 1.0)[..., None]
+                lse[:, :, q_start:q_stop] = torch.where(seen, row_max + row_sum.log(), float("inf"))
+        ctx.save_for_backward(query, key, value, gamma, out, lse)
+        ctx.settings = (causal, key_padding_mask, scaling, eps, bivector)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        query, key, value, gamma, out, lse = ctx.saved_tensors
+        causal, key_padding_mask, scaling, eps, bivector = ctx.settings
+        batch, heads, q_len, dim = query.shape
+        forms = NUM_FORMS if bivector else 1
+        full_index, sign, query_sign = _full_tables(dim, forms, query.device, query.dtype)
+        plan = _Plan(q_len, key.shape[2], causal, key_padding_mask, query.device)
+        eps_t = torch.tensor(eps * scaling**2, dtype=query.dtype, device=query.device).sqrt() if bivector else None
+        g = gamma.view(1, heads, 1, 1)
+        grad_out = grad_out.to(query.dtype)
+        dq = torch.zeros_like(query)
+        dk = torch.zeros_like(key)
+        dv = torch.zeros_like(value)
+        dgamma = torch.zeros(heads, dtype=query.dtype, device=query.device)
+        delta = (grad_out * out).sum(-1)  # sum_j p_ij dP_ij = dO_i . O_i
+        with torch.autocast(query.device.type, enabled=False):
+            for q_start in range(0, q_len, PANEL):
+                q_stop = min(q_start + PANEL, q_len)
+                rows = q_stop - q_start
+                q_forms = _query_forms(query[:, :, q_start:q_stop] * scaling, full_index, query_sign)
+                d_forms = torch.zeros_like(q_forms)
+                do = grad_out[:, :, q_start:q_stop]
+                row_lse = lse[:, :, q_start:q_stop, None]
+                row_delta = delta[:, :, q_start:q_stop, None]
+                for k_start, k_stop, mask in plan.visits(q_start, q_stop):
+                    k = key[:, :, k_start:k_stop]
+                    v = value[:, :, k_start:k_stop]
+                    products = torch.matmul(q_forms, k.transpose(-1, -2))
+                    tiles = products.view(batch, heads, forms, rows, -1)
+                    score, norm = _scores(tiles, g, eps_t)
+                    if mask is not None:
+                        score.masked_fill_(~mask, float("-inf"))
+                    p = score.sub_(row_lse).exp_()  # lse = +inf on empty rows -> 0
+                    dv[:, :, k_start:k_stop] += torch.matmul(p.transpose(-1, -2), do)
+                    ds = torch.matmul(do, v.transpose(-1, -2)).sub_(row_delta).mul_(p)  # dL/dS
+                    if bivector:
+                        dgamma += (ds * norm).sum((0, 2, 3))
+                        tiles[:, :, 1:] *= (ds * g / norm)[:, :, None]  # dL/d<P>_C = dS gamma <P>_C / norm
+                    tiles[:, :, 0] = ds
+                    d_forms += torch.matmul(products, k)
+                    dk[:, :, k_start:k_stop] += torch.matmul(products.transpose(-1, -2), q_forms)
+                dq[:, :, q_start:q_stop] = _unpermute(d_forms, full_index, sign) * scaling
+        return dq, dk, dv, dgamma if bivector else None, None, None, None, None, None
+
+
+def gpa_chunked(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    gamma: torch.Tensor,
+    *,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None = None,
+    scaling: float | None = None,
+    eps: float = 1e-6,
+    bivector: bool = True,
+) -> torch.Tensor:
+    """GPA with query panels, causal key blocks, online softmax and a recomputing backward (O(L) memory)."""
+    check_gpa_inputs(query, key, value, gamma, key_padding_mask, scaling, eps)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    dtype = compute_dtype(query)
+    with torch.autocast(query.device.type, enabled=False):
+        out = _GPAChunkedFunction.apply(
+            query.to(dtype),
+            key.to(dtype),
+            value.to(dtype),
+            gamma.to(dtype),
+            bool(causal),
+            key_padding_mask,
+            scaling,
+            float(eps),
+            bool(bivector),
+        )
+    return out.to(query.dtype)
+
+
+__all__ = ["gpa_chunked"]
