@@ -240,6 +240,7 @@ def test_bad_inputs_fail_early_with_named_argument(case):
         (dict(input_ids=ids, attention_mask=torch.full((2, 6), float("-inf"))), "attention_mask"),
         (dict(input_ids=ids, position_ids=torch.arange(20, 26)[None].expand(2, -1)), "position_ids"),
         (dict(input_ids=ids, position_ids=torch.arange(6)[None, :5]), "position_ids"),
+        (dict(input_ids=ids, position_ids=torch.arange(-1, 5)[None].expand(2, -1)), "position_ids"),
         (dict(input_ids=torch.randint(3, TINY_VOCAB, (1, 17))), "max_position_embeddings"),
     ]
     for kwargs, match in bad:

@@ -30,7 +30,7 @@ def seed_srpe_tables(positions, head_dim, theta0, k_s, a_s, f_s):
 @pytest.mark.parametrize("head_dim,theta0,k_s,a_s,f_s", [(16, 10000.0, 8.0, 0.1, 0.01), (32, 500.0, 3.0, 0.3, 0.2)])
 def test_srpe_matches_seed_formula(head_dim, theta0, k_s, a_s, f_s):
     positions = [0, 1, 2, 7, 100, 511, 2047]
-    srpe = SpiralRotaryEmbedding(head_dim, "srpe", theta0, k_s, a_s, f_s, max_position_embeddings=64)
+    srpe = SpiralRotaryEmbedding(head_dim, "srpe", theta0, k_s, a_s, f_s)
     cos, sin = srpe(torch.zeros(1, dtype=torch.float32), torch.tensor([positions]))
     ref_cos, ref_sin = seed_srpe_tables(positions, head_dim, theta0, k_s, a_s, f_s)
     # float32 tables of angles up to ~2300 rad: absolute error ~ ulp(angle)
@@ -59,7 +59,7 @@ def test_plain_limit_equals_llama_rotary(rotary, k_s, a_s):
             rope_parameters={"rope_type": "default", "rope_theta": theta0},
         )
     )
-    srpe = SpiralRotaryEmbedding(head_dim, rotary, theta0, k_s=k_s, a_s=a_s, f_s=0.01, max_position_embeddings=16)
+    srpe = SpiralRotaryEmbedding(head_dim, rotary, theta0, k_s=k_s, a_s=a_s, f_s=0.01)
     position_ids = torch.tensor([[0, 1, 5, 17, 300, 4095], [3, 3, 9, 10, 11, 12]])
     x = torch.zeros(1, dtype=torch.float32)
     ours, theirs = srpe(x, position_ids), llama(x, position_ids)
@@ -67,14 +67,14 @@ def test_plain_limit_equals_llama_rotary(rotary, k_s, a_s):
     torch.testing.assert_close(ours[1], theirs[1], rtol=0, atol=1e-6)
 
 
-def test_cache_extends_on_demand_and_follows_position_ids():
-    srpe = SpiralRotaryEmbedding(8, "srpe", max_position_embeddings=4)
+def test_tables_follow_position_ids_at_any_length():
+    srpe = SpiralRotaryEmbedding(8, "srpe")
     x = torch.zeros(1)
     short = srpe(x, torch.tensor([[0, 1, 2, 3]]))
-    long = srpe(x, torch.tensor([[1000, 2, 3]]))  # beyond the first table: extends
-    fresh = SpiralRotaryEmbedding(8, "srpe", max_position_embeddings=2000)(x, torch.tensor([[1000, 2, 3]]))
-    torch.testing.assert_close(long[0], fresh[0])
-    torch.testing.assert_close(long[0][:, 1:], short[0][:, 2:])
+    long = srpe(x, torch.tensor([[1000, 2, 3]]))  # far beyond any training length: nothing to extend
+    torch.testing.assert_close(long[0][:, 1:], short[0][:, 2:], rtol=0, atol=0)
+    single = srpe(x, torch.tensor([[1000]]))
+    torch.testing.assert_close(long[0][:, :1], single[0], rtol=0, atol=0)
     # SRPE really differs from RoPE at the defaults
     rope = SpiralRotaryEmbedding(8, "rope")(x, torch.tensor([[5]]))
     assert not torch.allclose(rope[0], srpe(x, torch.tensor([[5]]))[0])
@@ -86,5 +86,3 @@ def test_rotary_none_and_odd_head_dim_errors():
         ZPXConfig(rotary="srpe", hidden_size=30, num_attention_heads=2)
     with pytest.raises(ValueError, match="head_dim"):
         SpiralRotaryEmbedding(15)
-    with pytest.raises(ValueError, match="position_ids"):
-        SpiralRotaryEmbedding(8)(torch.zeros(1), torch.tensor([[-1, 0]]))

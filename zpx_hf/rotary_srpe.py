@@ -32,10 +32,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class SpiralRotaryEmbedding(nn.Module):
-    """cos/sin tables for `rotary in {"srpe", "rope"}`, cached in float32 and extended on demand.
+    """cos/sin of SRPE (or RoPE) computed from `position_ids` on the fly, as Llama's rotary does.
 
-    The tables are plain attributes, not buffers: they are derived data, never saved, and must not
-    be touched by meta-device initialisation or `from_pretrained` weight loading.
+    No table is cached: the cost is a few trig ops per (token, pair), there is nothing to grow or rebuild
+    when a sequence outgrows the training length, and `torch.compile` sees no data-dependent sizes.
     """
 
     def __init__(
@@ -46,7 +46,6 @@ class SpiralRotaryEmbedding(nn.Module):
         k_s: float | None = 8.0,
         a_s: float = 0.1,
         f_s: float = 0.01,
-        max_position_embeddings: int = 2048,
     ) -> None:
         super().__init__()
         if head_dim % 2 != 0:
@@ -61,35 +60,23 @@ class SpiralRotaryEmbedding(nn.Module):
         self.winding = 1.0 + (1.0 / k_s if k_s is not None else 0.0)
         self.a_s = float(a_s)
         self.f_s = float(f_s)
-        self.initial_length = int(max_position_embeddings)
-        self._cos: torch.Tensor | None = None
-        self._sin: torch.Tensor | None = None
 
     def inv_freq(self, device: torch.device | None = None) -> torch.Tensor:
         """omega_j = theta0 ** (-2j / d_h), computed as Llama does (float32)."""
         exponent = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float() / self.head_dim
         return 1.0 / (self.theta0**exponent)
 
-    @torch.no_grad()
-    def _build(self, length: int, device: torch.device) -> None:
-        positions = torch.arange(length, device=device, dtype=torch.float32)
-        base = positions[:, None] * self.inv_freq(device)[None, :]  # p * omega_j, [T, d_h/2]
-        angle = base * self.winding if self.winding != 1.0 else base
-        radius = 1.0 + self.a_s * torch.sin(base * self.f_s) if self.a_s != 0.0 else torch.ones_like(base)
-        self._cos = radius * torch.cos(angle)
-        self._sin = radius * torch.sin(angle)
-
     def pair_tables(self, position_ids: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """r cos Theta and r sin Theta per pair, float32 [B, L, d_h/2], gathered at `position_ids`."""
-        if position_ids.numel() and int(position_ids.min()) < 0:
-            raise ValueError("`position_ids` must be >= 0 (left padding? derive them from attention_mask).")
-        needed = int(position_ids.max()) + 1 if position_ids.numel() else 1
-        cached = 0 if self._cos is None else self._cos.shape[0]
-        if self._cos is None or self._cos.device != device or needed > cached:
-            # Grow geometrically so that token-by-token generation does not rebuild every step.
-            self._build(max(needed, self.initial_length, 2 * cached if needed > cached else cached), device)
-        ids = position_ids.to(device)
-        return self._cos[ids], self._sin[ids]
+        """r_j(p) cos Theta_j(p) and r_j(p) sin Theta_j(p) per pair, float32 [B, L, d_h/2]."""
+        positions = position_ids.to(device=device, dtype=torch.float32)
+        if positions.dim() == 1:
+            positions = positions[None]
+        base = positions[..., None] * self.inv_freq(device)  # p * omega_j
+        angle = base * self.winding if self.winding != 1.0 else base
+        if self.a_s == 0.0:
+            return torch.cos(angle), torch.sin(angle)
+        radius = 1.0 + self.a_s * torch.sin(base * self.f_s)
+        return radius * torch.cos(angle), radius * torch.sin(angle)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Llama-layout tables [B, L, d_h] (halves duplicated for `rotate_half`) in `x.dtype`."""
@@ -113,5 +100,4 @@ def build_rotary(config) -> SpiralRotaryEmbedding | None:
         k_s=config.srpe_k,
         a_s=config.srpe_a,
         f_s=config.srpe_f,
-        max_position_embeddings=config.max_position_embeddings,
     )
