@@ -1,0 +1,252 @@
+"""zpx-inspect: the pictures of a trained model show the model's own numbers (tiny random models per family)."""
+
+import json
+import math
+
+import matplotlib.image
+import numpy as np
+import pytest
+import torch
+from helpers_remote import run_remote_code
+
+from training.inspection import (
+    SAMPLE_TEXT,
+    attention_maps,
+    circle_figure,
+    encode,
+    inspect_run,
+    load_run,
+    main,
+    map_figure,
+    pct_gate_maps,
+    pct_parameter_figure,
+    pct_parameters,
+    row_sum_figure,
+    sphere_figure,
+    zpx_circle_points,
+    zpx_sphere_points,
+)
+from zpx_hf import PCTConfig, PCTForCausalLM, ZPXConfig, ZPXForCausalLM
+from zpx_hf.tokenization_bytes import VOCAB_SIZE, build_byte_tokenizer
+
+
+def save_run(model, folder):
+    model.save_pretrained(folder)
+    build_byte_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def zpx_run(tmp_path_factory):
+    torch.manual_seed(0)
+    config = ZPXConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        phase_channels=3,
+        max_position_embeddings=64,
+        initializer_range=0.3,  # phases spread over the circle and the radius off 1
+    )
+    return save_run(ZPXForCausalLM(config), tmp_path_factory.mktemp("zpx"))
+
+
+@pytest.fixture(scope="module")
+def pct_run(tmp_path_factory):
+    torch.manual_seed(0)
+    config = PCTConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=64,
+        tau="learnable",
+    )
+    model = PCTForCausalLM(config)
+    with torch.no_grad():  # distinct values per layer and head, as training would leave them
+        for i, layer in enumerate(model.model.layers):
+            layer.self_attn.tau.copy_(torch.tensor([2.0 + i, 3.5 - i]))
+            layer.self_attn.gate_bias.copy_(torch.tensor([-1.0 - i, 0.5 * i]))
+    return save_run(model, tmp_path_factory.mktemp("pct"))
+
+
+def sample_outputs(run_dir, **flags):
+    model, tokenizer = load_run(run_dir)
+    input_ids, labels = encode(tokenizer, SAMPLE_TEXT)
+    with torch.no_grad():
+        outputs = model(input_ids=input_ids, output_attentions=True, return_dict=True, **flags)
+    return model, input_ids, labels, outputs
+
+
+def check_pictures(paths, run_dir, names):
+    folder = run_dir / "inspection"
+    assert [p.name for p in paths] == [f"{name}.png" for name in names]
+    index = json.loads((folder / "index.json").read_text())
+    assert [entry["file"] for entry in index] == [p.name for p in paths]
+    assert all(entry["title"] and "\n" not in entry["title"] for entry in index)
+    for path in paths:
+        assert path.parent == folder
+        assert 5_000 < path.stat().st_size < 400_000  # a picture, small enough for a model card
+        pixels = matplotlib.image.imread(path)[..., :3]
+        assert pixels.std() > 0.05  # not a blank canvas
+
+
+def by_gid(ax, gid):
+    (artist,) = [c for c in ax.collections if c.get_gid() == gid]
+    return artist
+
+
+def test_zpx_pictures_plot_the_phase_tensor(zpx_run):
+    paths = inspect_run(zpx_run)
+    check_pictures(paths, zpx_run, ["zpx_phase_circle", "zpx_phase_sphere", "zpx_attention"])
+
+    model, input_ids, labels, outputs = sample_outputs(zpx_run, output_phases=True)
+    assert model.config._attn_implementation == "eager"
+    assert len(labels) == input_ids.shape[1] == len(SAMPLE_TEXT) + 1  # bytes + BOS
+    phi = torch.stack(outputs.phases)[:, 0].double()  # [layers, L, H, C, 7]
+    radius = phi[..., 0].exp()
+    data = zpx_circle_points(outputs)
+    float64 = {"rtol": 4 * np.finfo(np.float64).eps, "atol": 0}  # numpy's exp against torch's
+    np.testing.assert_allclose(data["points"][..., 0], (radius * phi[..., 1]).numpy(), **float64)
+    np.testing.assert_allclose(data["points"][..., 1], (radius * phi[..., 2]).numpy(), **float64)
+    # independent of Phi's layout: the plotted radius is exp(log_r), the angle that of (cos phi, sin phi)
+    np.testing.assert_allclose(np.hypot(*np.moveaxis(data["points"], -1, 0)), radius.numpy(), rtol=1e-6)
+    assert radius.min() < 0.9 and radius.max() > 1.1  # the test model's phases are off the unit circle
+    sums = torch.complex(radius * phi[..., 1], radius * phi[..., 2]).sum(dim=1) / input_ids.shape[1]
+    np.testing.assert_allclose(data["center"][..., 0] + 1j * data["center"][..., 1], sums.numpy(), rtol=0, atol=1e-12)
+
+    sphere = zpx_sphere_points(outputs)
+    np.testing.assert_array_equal(sphere, phi[..., 3:6].numpy())
+    # the sphere points are the stereographic images of the plotted plane points
+    x, y = np.moveaxis(data["points"], -1, 0)
+    den = 1 + x**2 + y**2
+    stereo = np.stack((2 * x / den, 2 * y / den, (x**2 + y**2 - 1) / den), axis=-1)
+    np.testing.assert_allclose(sphere, stereo, rtol=0, atol=1e-6)  # Phi is float32
+
+    weights = attention_maps(outputs)
+    np.testing.assert_array_equal(weights, torch.stack(outputs.attentions)[:, 0].double().numpy())
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)  # softmax rows
+    assert np.all(np.triu(weights, k=1) == 0)  # causal
+
+    layers, heads = weights.shape[:2]
+    circle = circle_figure(data)
+    sphere_fig = sphere_figure(sphere)
+    maps = map_figure(weights, labels, "attention", "weight", 1.0)
+    for layer in range(layers):
+        for head in range(heads):
+            k = layer * heads + head
+            ax = circle.axes[k]
+            np.testing.assert_array_equal(
+                by_gid(ax, "tokens").get_offsets(), data["points"][layer, :, head].reshape(-1, 2)
+            )
+            np.testing.assert_array_equal(by_gid(ax, "center").get_offsets(), data["center"][layer, head])
+            # a 3-D scatter keeps its data points in `_offsets3d` (matplotlib has no public getter)
+            xs, ys, zs = by_gid(sphere_fig.axes[k], "tokens")._offsets3d
+            np.testing.assert_array_equal(np.stack((xs, ys, zs), axis=-1), sphere[layer, :, head].reshape(-1, 3))
+            np.testing.assert_array_equal(maps.axes[k].images[0].get_array(), weights[layer, head])
+            assert maps.axes[k].get_title() == f"layer {layer} head {head}"
+
+
+def test_pct_pictures_plot_the_gates_and_parameters(pct_run):
+    paths = inspect_run(pct_run)
+    check_pictures(paths, pct_run, ["pct_gates", "pct_row_sums", "pct_parameters"])
+
+    model, input_ids, labels, outputs = sample_outputs(pct_run)
+    data = pct_gate_maps(outputs)
+    gates = torch.stack(outputs.attentions)[:, 0].double().numpy()
+    np.testing.assert_array_equal(data["gates"], gates)
+    np.testing.assert_allclose(data["row_sums"], gates.sum(-1), rtol=1e-12)
+    causal = np.tril(np.ones(gates.shape[-2:], dtype=bool))
+    assert np.all(gates[..., ~causal] == 0) and np.all(gates[..., causal] > 0) and gates.max() < 1
+    assert np.abs(data["row_sums"] - 1).max() > 0.5  # non-competitive: rows are not normalised
+
+    params = pct_parameters(model)
+    assert params["tau_learned"]
+    np.testing.assert_array_equal(params["tau"], [[2.0, 3.5], [3.0, 2.5]])
+    np.testing.assert_array_equal(params["gate_bias"], [[-1.0, 0.0], [-2.0, 0.5]])
+
+    maps = map_figure(data["gates"], labels, "gates", "gate", 1.0)
+    sums = row_sum_figure(data["row_sums"])
+    parameters = pct_parameter_figure(params)
+    layers, heads = gates.shape[:2]
+    for layer in range(layers):
+        lines = {line.get_label(): line for line in sums.axes[layer].get_lines()}
+        for head in range(heads):
+            np.testing.assert_array_equal(maps.axes[layer * heads + head].images[0].get_array(), gates[layer, head])
+            np.testing.assert_array_equal(lines[f"head {head}"].get_ydata(), data["row_sums"][layer, head])
+    for ax, values in zip(parameters.axes[:2], (params["tau"], params["gate_bias"])):
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        for head in range(heads):
+            np.testing.assert_array_equal(lines[f"head {head}"].get_ydata(), values[:, head])
+
+
+def test_pct_fixed_temperature_is_drawn_per_head(tmp_path):
+    torch.manual_seed(0)
+    config = PCTConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+    )
+    model = PCTForCausalLM(config)
+    params = pct_parameters(model)
+    assert not params["tau_learned"]
+    np.testing.assert_array_equal(params["tau"], np.full((1, 2), math.sqrt(config.head_dim)))
+
+
+def test_remote_code_checkpoint_is_inspected_through_its_own_code(zpx_run, tmp_path):
+    ids = torch.tensor([[1, 50, 60, 70, 80]])
+    remote = run_remote_code(zpx_run, "AutoModelForCausalLM", {"input_ids": ids}, tmp_path)
+    assert remote["class"] == "ZPXForCausalLM"  # the folder's code stands alone (no zpx_hf in that Python)
+
+    model, _ = load_run(zpx_run, trust_remote_code=True)
+    local, _ = load_run(zpx_run)
+    assert type(model).__module__.startswith("transformers_modules")
+    assert type(local).__module__ == "zpx_hf.modeling_zpx"
+    with torch.no_grad():
+        from_remote = model(input_ids=ids, output_phases=True, output_attentions=True)
+        from_local = local(input_ids=ids, output_phases=True, output_attentions=True)
+    np.testing.assert_array_equal(zpx_circle_points(from_remote)["points"], zpx_circle_points(from_local)["points"])
+    np.testing.assert_array_equal(attention_maps(from_remote), attention_maps(from_local))
+
+    paths = inspect_run(zpx_run, "remote code", trust_remote_code=True)
+    assert [p.name for p in paths] == ["zpx_phase_circle.png", "zpx_phase_sphere.png", "zpx_attention.png"]
+
+
+@pytest.mark.parametrize(
+    "setup,message",
+    [
+        ("missing", "is not a folder"),
+        ("empty", "has no config.json"),
+        ("llama", "not a zpx-hf checkpoint"),
+        ("no_weights", "could not be loaded"),
+    ],
+)
+def test_cli_bad_run_dir_exits_2_with_one_line(setup, message, tmp_path, capsys, zpx_run):
+    folder = tmp_path / "run"
+    if setup != "missing":
+        folder.mkdir()
+    if setup == "llama":
+        (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    if setup == "no_weights":
+        (folder / "config.json").write_text((zpx_run / "config.json").read_text())
+    assert main([str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("zpx-inspect: ") and message in err
+    assert "Traceback" not in err
+
+
+def test_cli_rejects_text_too_long_or_empty(zpx_run, capsys):
+    assert main([str(zpx_run), "--text", "x" * 200]) == 2
+    assert "pass a shorter --text" in capsys.readouterr().err
+    assert main([str(zpx_run), "--text", ""]) == 2
+    assert "text is empty" in capsys.readouterr().err
+
+
+def test_cli_writes_the_pictures(zpx_run, capsys):
+    assert main([str(zpx_run), "--text", "abc abc"]) == 0
+    printed = capsys.readouterr().out.split()
+    assert [p.rsplit("/", 1)[-1] for p in printed] == [
+        "zpx_phase_circle.png",
+        "zpx_phase_sphere.png",
+        "zpx_attention.png",
+    ]
