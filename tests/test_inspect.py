@@ -21,12 +21,14 @@ from training.inspection import (
     pct_gate_maps,
     pct_parameter_figure,
     pct_parameters,
+    rotor_geometry,
     row_sum_figure,
     sphere_figure,
     zpx_circle_points,
     zpx_sphere_points,
 )
 from zpx_hf import PCTConfig, PCTForCausalLM, ZPXConfig, ZPXForCausalLM
+from zpx_hf.clifford_algebra import BIVECTOR_MASKS, conformal_algebra, rotor_exp
 from zpx_hf.tokenization_bytes import VOCAB_SIZE, build_byte_tokenizer
 
 
@@ -250,3 +252,39 @@ def test_cli_writes_the_pictures(zpx_run, capsys):
         "zpx_phase_sphere.png",
         "zpx_attention.png",
     ]
+
+
+def bivector(**coefficients):
+    """Bivector coefficients [10] (order BIVECTOR_MASKS) from blade names like e12=1.1, e15=0.7."""
+    out = torch.zeros(len(BIVECTOR_MASKS), dtype=torch.float64)
+    for name, value in coefficients.items():
+        mask = sum(1 << (int(digit) - 1) for digit in name[1:])
+        out[BIVECTOR_MASKS.index(mask)] = value
+    return out
+
+
+def test_rotor_geometry_recovers_angles_and_rapidity_of_known_rotors():
+    algebra = conformal_algebra()
+    rotation = rotor_exp(bivector(e12=1.1, e34=-0.4))  # exp(-B/2): rotates e1e2 by 1.1, e3e4 by 0.4
+    boost = rotor_exp(bivector(e15=0.7))  # boost of rapidity 0.7 along e1
+    rotors = torch.stack(
+        (
+            rotation,
+            algebra.geometric_product(boost, rotation),
+            algebra.geometric_product(rotation, boost),  # the boost direction is rotated, its rapidity is not
+            rotor_exp(bivector(e12=2.5, e35=-1.3)),  # commuting rotation and boost in disjoint planes
+        )
+    )
+    geometry = rotor_geometry(rotors)
+    expected_angles = torch.tensor([[1.1, 0.4], [1.1, 0.4], [1.1, 0.4], [2.5, 0.0]], dtype=torch.float64)
+    expected_rapidity = torch.tensor([0.0, 0.7, 0.7, 1.3], dtype=torch.float64)
+    angles = torch.stack((geometry["theta1"], geometry["theta2"]), dim=-1)
+    # arccos / arccosh at 1 turn an eps-sized rounding into ~sqrt(eps): the zero cases get that tolerance
+    torch.testing.assert_close(angles[:3], expected_angles[:3], rtol=0, atol=1e-12)
+    torch.testing.assert_close(angles[3], expected_angles[3], rtol=0, atol=1e-7)
+    torch.testing.assert_close(geometry["rapidity"][1:], expected_rapidity[1:], rtol=0, atol=1e-12)
+    assert geometry["rapidity"][0] < 1e-7
+    assert geometry["norm_error"].max() < 1e-13
+
+    drifted = rotors[1] * 1.01  # off the group: R~R = 1.0201
+    assert torch.isclose(rotor_geometry(drifted)["norm_error"], torch.tensor(0.0201, dtype=torch.float64))
