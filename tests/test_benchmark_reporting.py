@@ -1,6 +1,9 @@
-"""Reporting code of the benchmark suite: README injection and ablation aggregation / verdicts."""
+"""Reporting code of the benchmark suite: README injection, ablation aggregation, verdicts, findings and the
+seed-claim check on a small fixed results file; resumable-suite bookkeeping; task lengths of every size."""
 
+import csv
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -19,6 +22,9 @@ def _load(name):
 
 
 update_readme = _load("update_readme")
+models = _load("ablation_models")
+report = _load("ablation_report")
+runs_module = _load("ablation_runs")
 ablation = _load("ablation")
 
 
@@ -59,36 +65,174 @@ def test_readme_tables_match_the_committed_results():
 
 
 def test_verdict_uses_sum_of_stds():
-    assert ablation.verdict((0.9, 0.01), (0.8, 0.02), higher_better=True) == "better"
-    assert ablation.verdict((0.9, 0.05), (0.8, 0.06), higher_better=True) == "~"
-    assert ablation.verdict((2.0, 0.1), (1.5, 0.1), higher_better=False) == "worse"
-    assert ablation.verdict((float("nan"), 0.0), (1.0, 0.0), higher_better=False) == "-"
+    assert report.verdict((0.9, 0.01), (0.8, 0.02), higher_better=True) == "better"
+    assert report.verdict((0.9, 0.05), (0.8, 0.06), higher_better=True) == "~"
+    assert report.verdict((2.0, 0.1), (1.5, 0.1), higher_better=False) == "worse"
+    assert report.verdict((float("nan"), 0.0), (1.0, 0.0), higher_better=False) == "-"
+
+
+SPEC = {
+    "hidden": 128,
+    "layers": 2,
+    "heads": 4,
+    "budgets": {
+        "mqar": {
+            "steps": 400,
+            "batch": 64,
+            "lr": 0.001,
+            "params": {"num_pairs": 4},
+            "weight_decay": 0.01,
+            "warmup": 50,
+        },
+        "passkey": {
+            "steps": 600,
+            "batch": 32,
+            "lr": 0.001,
+            "params": {"length": 96},
+            "weight_decay": 0.01,
+            "warmup": 50,
+        },
+    },
+    "eval_examples": 256,
+    "passkey_multiples": [1, 8],
+    "passkey_eval_examples": 64,
+    "seeds": 3,
+    "versor_max_hidden": None,
+}
+
+
+def _fixed_runs():
+    """Three seeds each; chosen so every verdict and claim outcome below follows by hand."""
+    rows = []
+    table = {
+        # variant: (mqar accuracy per seed, passkey EM @1x per seed, passkey EM @8x per seed)
+        "baseline": ([0.95, 0.97, 0.99], [1.0, 0.96, 0.98], [0.10, 0.20, 0.30]),
+        "softmax_srpe": ([0.90, 0.92, 0.94], [0.98, 0.98, 0.98], [0.05, 0.05, 0.05]),
+        "zpx_full": ([0.99, 0.99, 0.99], [0.97, 0.99, 0.98], [0.15, 0.25, 0.35]),
+        "pct": ([0.50, 0.52, 0.54], [0.90, 0.92, 0.94], [0.80, 0.82, 0.84]),
+    }
+    for variant, (mqar, em1, em8) in table.items():
+        for seed in range(3):
+            rows.append({"variant": variant, "task": "mqar", "seed": seed, "accuracy": mqar[seed], "status": "ok"})
+            rows.append(
+                {
+                    "variant": variant,
+                    "task": "passkey",
+                    "seed": seed,
+                    "passkey_em@1x": em1[seed],
+                    "passkey_em@8x": em8[seed],
+                    "status": "ok",
+                }
+            )
+    rows.append({"variant": "versor_hybrid", "task": "mqar", "seed": 0, "status": "failed: RuntimeError: x"})
+    return rows
+
+
+def test_report_turns_a_fixed_results_file_into_the_expected_table_findings_and_claims(tmp_path):
+    runs = _fixed_runs()
+    (tmp_path / "fixed.jsonl").write_text("\n".join(json.dumps(r) for r in runs) + "\n")
+    runs = ablation.read_rows(tmp_path / "fixed.jsonl")
+    widths = {
+        f"{v}/{t}": {"hidden": 128, "intermediate": 336, "params": 1000, "matched": True}
+        for v in report.VARIANT_LABELS
+        for t in ("mqar", "passkey")
+    }
+    meta = {
+        "command": "python benchmarks/ablation.py --size medium",
+        "date": "d",
+        "machine": "m",
+        "seeds": 3,
+        "wall_minutes": 1.0,
+    }
+    variants = ["baseline", "softmax_srpe", "zpx_full", "pct", "versor_hybrid"]
+    text = report.write_outputs(
+        runs, widths, SPEC, meta, variants, ["mqar", "passkey"], None, tmp_path / "fixed", figures=False
+    )
+    assert text == (tmp_path / "fixed.md").read_text()
+    lines = text.splitlines()
+    assert "| variant | MQAR acc ↑ | needle EM @1x (96) ↑ | needle EM @8x (768) ↑ |" in lines
+    assert "| softmax + RoPE (baseline) | 0.970 ± 0.020 | 0.980 ± 0.020 | 0.200 ± 0.100 |" in lines
+    assert "| PCT (sigmoid, complex) | 0.520 ± 0.020 | 0.920 ± 0.020 | 0.820 ± 0.020 |" in lines
+    assert "| Versor hybrid | not run | - | - |" in lines
+    assert "- versor_hybrid / mqar: failed: RuntimeError: x" in lines
+    assert (
+        "- MQAR acc: best zpx_full (0.990); baseline 0.970 ± 0.020; better than baseline beyond noise: none; "
+        "worse: softmax_srpe, pct." in lines
+    )
+    assert (
+        "- needle EM @8x (768): best pct (0.820); baseline 0.200 ± 0.100; better than baseline beyond noise: pct; "
+        "worse: softmax_srpe." in lines
+    )
+    assert "| PCT (sigmoid, complex) | worse | worse | better |" in lines
+    claims = [
+        line
+        for line in lines
+        if line.startswith("- PCT, ") or line.startswith("- Versor, ") or line.startswith("- ZPX, ")
+    ]
+    assert claims[0].endswith("reproduced: PCT 0.820 ± 0.020 vs baseline 0.200 ± 0.100 at 8x.")
+    assert "undecided: the Versor or baseline N-body runs did not finish." in claims[1]
+    assert claims[2].endswith(
+        "mqar reproduced (0.990 ± 0.000 vs softmax + SRPE 0.920 ± 0.020); "
+        "passkey not reproduced (0.980 ± 0.010 vs softmax + SRPE 0.980 ± 0.000)."
+    )
+    saved = json.loads((tmp_path / "fixed.json").read_text())
+    assert {(r["variant"], r["task"]) for r in saved["aggregate"]} == {
+        (v, t) for v in variants[:4] for t in ("mqar", "passkey")
+    }
+    with open(tmp_path / "fixed.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert next(r for r in rows if r["variant"] == "pct" and r["task"] == "mqar")["n"] == "3"
+
+
+def test_pct_claim_is_undecided_when_the_baseline_does_not_learn_the_needle():
+    runs = [r for r in _fixed_runs() if r.get("status") == "ok"]
+    for r in runs:
+        if r["variant"] == "baseline" and r["task"] == "passkey":
+            r["passkey_em@1x"] = 0.3
+    by = {(r["variant"], r["task"]): r for r in report.summarise(runs)}
+    line = report.claims(by, SPEC, None)[2]
+    assert line.startswith("- PCT, ") and "undecided: the baseline did not learn the needle" in line
 
 
 def test_summarise_skips_failed_runs_and_aggregates_seeds():
-    spec = ablation.SIZES["small"]
     runs = [
         {"variant": "baseline", "task": "mqar", "seed": 0, "accuracy": 0.5, "params": 10, "status": "ok"},
         {"variant": "baseline", "task": "mqar", "seed": 1, "accuracy": 0.7, "params": 10, "status": "ok"},
         {"variant": "pct", "task": "mqar", "seed": 0, "status": "failed: RuntimeError: x"},
     ]
-    rows = ablation.summarise(runs, spec, ["mqar"])
+    rows = report.summarise(runs)
     assert len(rows) == 1
     assert rows[0]["accuracy_mean"] == pytest.approx(0.6)
     assert rows[0]["accuracy_std"] == pytest.approx(math.sqrt(0.02))
-    meta = {"command": "c", "date": "d", "machine": "m", "seeds": 2, "wall_minutes": 1.0}
-    widths = {"baseline/mqar": {"hidden": 64, "intermediate": 168, "params": 10, "matched": True}}
-    text = ablation.markdown(rows, runs, widths, spec, meta, ["baseline", "pct"], ["mqar"], None)
-    assert "| softmax + RoPE (baseline) | 0.600 ± 0.141 |" in text
-    assert "| PCT (sigmoid, complex) | not run |" in text
-    assert "pct / mqar: failed: RuntimeError: x" in text
+
+
+def test_resume_keeps_rows_of_the_current_budget_and_skips_them(tmp_path):
+    spec = ablation.SIZES["medium"]
+    mqar = spec.budgets["mqar"].fingerprint()
+    path = tmp_path / "runs.jsonl"
+    rows = [
+        {"variant": "baseline", "task": "mqar", "seed": 0, "budget": mqar, "status": "ok", "accuracy": 0.9},
+        {"variant": "baseline", "task": "mqar", "seed": 1, "budget": "old-budget", "status": "ok", "accuracy": 0.1},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + '\n{"variant": "baseline", "task"')  # cut last line
+    kept = ablation.current_rows(ablation.read_rows(path), spec)
+    assert [(r["seed"], r["accuracy"]) for r in kept] == [(0, 0.9)]
+    jobs = ablation.plan(spec, ["versor_hybrid@time", "pct", "baseline"], ["mqar", "nbody"], 2)
+    assert jobs[:4] == [
+        ("baseline", "mqar", 0),
+        ("baseline", "nbody", 0),
+        ("baseline", "mqar", 1),
+        ("baseline", "nbody", 1),
+    ]
+    assert [j[0] for j in jobs[4:]] == ["pct"] * 4 + ["versor_hybrid@time"] * 4
 
 
 def test_task_sequence_lengths_fit_generators():
     for spec in ablation.SIZES.values():
         for task in ("mqar", "selective_copy", "spiral", "passkey"):
-            rows = ablation.lm_examples(task, 3, 0, spec)
-            length = ablation.task_seq_len(task, spec)
-            assert all(len(r["input_ids"]) == length for r in rows)
-            if task != "selective_copy":  # the others fill their length exactly (no padding)
-                assert all(sum(r["attention_mask"]) == length for r in rows)
+            params = spec.budgets[task].params
+            length = runs_module.task_seq_len(task, params)
+            rows = runs_module.lm_examples(task, 3, 0, params)
+            assert all(len(r["input_ids"]) == sum(r["attention_mask"]) == length for r in rows), (task, length)
+            batch = runs_module.as_batch(rows)
+            assert batch["input_ids"].shape == (3, length)

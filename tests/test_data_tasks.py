@@ -1,6 +1,7 @@
 """Synthetic tasks (deterministic, exact labels and answer masks) and the embedded / local text corpora."""
 
 import json
+import re
 
 import pytest
 
@@ -62,18 +63,56 @@ def test_mqar_answers_are_the_queried_values():
         assert "".join(queries[1::2]) == _answers(example)
 
 
+def test_mqar_queries_with_replacement_answer_from_the_table():
+    for example in mqar_examples(20, seed=5, num_pairs=4, num_queries=8, query_replacement=True):
+        _check_layout(example, 2 + 2 * 4 + 2 * 8)
+        pairs, queries = ids_to_text(example["input_ids"]).split(SEPARATOR)
+        table = {pairs[i]: pairs[i + 1] for i in range(0, len(pairs), 2)}
+        assert set(queries[0::2]) <= set(table)
+        assert _answers(example) == "".join(table[q] for q in queries[0::2])
+    with pytest.raises(ValueError, match="query_replacement"):
+        mqar_examples(1, seed=0, num_pairs=4, num_queries=8)
+
+
+def _passkey_parts(example):
+    """(needles {letter: digits}, distractor numbers, asked letter) parsed from the decoded context."""
+    text = ids_to_text([t for t, m in zip(example["input_ids"], example["answer_mask"]) if not m][1:])
+    needles = dict(re.findall(r"Key ([a-z]) is (\d+)\.", text))
+    distractors = re.findall(r"Room (\d+)\.", text)
+    asked = re.search(r"What is key ([a-z])\? Key ([a-z]) is $", text)
+    assert asked and asked.group(1) == asked.group(2)
+    return needles, distractors, asked.group(1)
+
+
 @pytest.mark.parametrize("length", [105, 257, 1024])
-def test_passkey_length_is_configurable_and_answer_is_the_key(length):
-    for example in passkey_examples(5, seed=1, seq_len=length):
+def test_passkey_answer_is_the_named_keys_code_among_distractors(length):
+    asked_positions = set()
+    for example in passkey_examples(12, seed=1, seq_len=length):
         _check_layout(example, length)
         assert sum(example["attention_mask"]) == length
-        key = _answers(example)
-        assert len(key) == 5 and key.isdigit()
-        assert f"The pass key is {key}. Remember it." in ids_to_text(example["input_ids"])
+        needles, distractors, asked = _passkey_parts(example)
+        assert len(needles) == 3 and len(distractors) == 2  # distinct key letters, distractor numbers present
+        answer = _answers(example)
+        assert len(answer) == 5 and answer.isdigit()
+        assert answer == needles[asked]  # determined by the named key, not by position or uniqueness
+        assert all(len(code) == 5 for code in [*needles.values(), *distractors])
+        asked_positions.add(list(needles).index(asked))
+    assert len(asked_positions) > 1  # the question does not always name the first (or last) needle
     padded = task_examples("passkey", 2, seed=1, seq_len=256, length=128)
     assert all(sum(e["attention_mask"]) == 128 and len(e["input_ids"]) == 256 for e in padded)
-    with pytest.raises(ValueError, match="too short"):
-        passkey_examples(1, seed=0, seq_len=40)
+
+
+def test_passkey_needles_and_distractors_are_configurable_and_minimum_length_is_exact():
+    example = passkey_examples(1, seed=2, seq_len=200, num_needles=5, num_distractors=4, num_digits=3)[0]
+    needles, distractors, asked = _passkey_parts(example)
+    assert len(needles) == 5 and len(distractors) == 4 and _answers(example) == needles[asked]
+    # BOS + 3 needles " Key x is ddddd." (16) + 2 distractors " Room ddddd." (12) + question (24) + 5 digits
+    minimum = 1 + 3 * 16 + 2 * 12 + len(" What is key x? Key x is ") + 5
+    assert len(passkey_examples(1, seed=0, seq_len=minimum)[0]["input_ids"]) == minimum
+    with pytest.raises(ValueError, match=f"at least {minimum}"):
+        passkey_examples(1, seed=0, seq_len=minimum - 1)
+    with pytest.raises(ValueError, match="num_needles"):
+        passkey_examples(1, seed=0, seq_len=300, num_needles=0)
 
 
 def test_selective_copy_answers_are_the_data_tokens_in_order():

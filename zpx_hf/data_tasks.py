@@ -9,8 +9,11 @@ deterministic given a seed:
 
 - `mqar`: multi-query associative recall. `<s> aXbQcZ|bQaX`: key/value pairs, then queries; the
   answers are the values after each queried key.
-- `passkey`: a 5-digit pass key hidden at a random depth in filler text of a configurable
-  total length; the answer is the key repeated at the end.
+- `passkey`: keyed retrieval in a haystack of a configurable total length. Several needles
+  `Key q is 83920.` (distinct key letters, random digits) and distractor numbers `Room 51734.`
+  sit at random depths in filler text; the question names one key (`What is key q? Key q is `)
+  and the answer is that key's digits, so neither "copy the only number" nor "copy the last
+  number" solves it.
 - `selective_copy`: data tokens scattered among noise `.` tokens; after `|` the answer is the data
   tokens in order.
 
@@ -63,14 +66,26 @@ def _example(segments: Sequence[tuple[str, bool]], seq_len: int | None, task: st
 
 
 def mqar_examples(
-    num_examples: int, seed: int, num_pairs: int = 8, num_queries: int | None = None, seq_len: int | None = None
+    num_examples: int,
+    seed: int,
+    num_pairs: int = 8,
+    num_queries: int | None = None,
+    seq_len: int | None = None,
+    query_replacement: bool = False,
 ) -> list[dict[str, Any]]:
-    """Multi-query associative recall: distinct keys (a-z), values (A-Z), queries drawn without replacement."""
+    """Multi-query associative recall: distinct keys (a-z), values (A-Z).
+
+    Queries are drawn without replacement by default; `query_replacement=True` draws each query
+    independently (a key may be asked twice, `num_queries` may exceed `num_pairs`), which removes the
+    "answer a value not yet asked" shortcut that otherwise scores well above chance without any recall."""
     num_queries = num_pairs if num_queries is None else num_queries
     if not 1 <= num_pairs <= len(KEY_CHARS):
         raise ValueError(f"mqar num_pairs={num_pairs} must be in [1, {len(KEY_CHARS)}] (one letter per key).")
-    if not 1 <= num_queries <= num_pairs:
-        raise ValueError(f"mqar num_queries={num_queries} must be in [1, num_pairs={num_pairs}].")
+    if num_queries < 1 or (not query_replacement and num_queries > num_pairs):
+        raise ValueError(
+            f"mqar num_queries={num_queries} must be in [1, num_pairs={num_pairs}] "
+            "(or set query_replacement=True to ask more queries than pairs)."
+        )
     rng = random.Random(f"mqar-{seed}")
     out = []
     for _ in range(num_examples):
@@ -78,30 +93,60 @@ def mqar_examples(
         values = [rng.choice(VALUE_CHARS) for _ in keys]
         table = dict(zip(keys, values))
         segments: list[tuple[str, bool]] = [("".join(k + v for k, v in zip(keys, values)) + SEPARATOR, False)]
-        for query in rng.sample(keys, num_queries):
+        queries = [rng.choice(keys) for _ in range(num_queries)] if query_replacement else rng.sample(keys, num_queries)
+        for query in queries:
             segments += [(query, False), (table[query], True)]
         out.append(_example(segments, seq_len, "mqar"))
     return out
 
 
 def passkey_examples(
-    num_examples: int, seed: int, seq_len: int = 128, num_digits: int = 5, pad_to: int | None = None
+    num_examples: int,
+    seed: int,
+    seq_len: int = 128,
+    num_digits: int = 5,
+    pad_to: int | None = None,
+    num_needles: int = 3,
+    num_distractors: int = 2,
 ) -> list[dict[str, Any]]:
-    """Pass-key retrieval: total length `seq_len` tokens (BOS included), key at a uniform random depth."""
+    """Keyed pass-key retrieval filling exactly `seq_len` tokens (BOS included).
+
+    `num_needles` statements `Key <letter> is <digits>.` with distinct letters and `num_distractors`
+    numbers `Room <digits>.` (same digit count) are inserted at uniform random depths of the filler;
+    the question asks for one of the needles' keys, uniformly chosen."""
+    if not 1 <= num_needles <= len(KEY_CHARS):
+        raise ValueError(f"passkey num_needles={num_needles} must be in [1, {len(KEY_CHARS)}] (one letter per key).")
+    if num_distractors < 0 or num_digits < 1:
+        raise ValueError(f"passkey num_distractors={num_distractors} must be >= 0 and num_digits={num_digits} >= 1.")
     rng = random.Random(f"passkey-{seed}")
-    question = " What is the pass key? The pass key is "
     out = []
     for _ in range(num_examples):
-        key = "".join(rng.choice(DIGITS) for _ in range(num_digits))
-        needle = f" The pass key is {key}. Remember it. {key} is the pass key. "
-        filler_len = seq_len - 1 - len(needle) - len(question) - num_digits
+        letters = rng.sample(KEY_CHARS, num_needles)
+        codes = ["".join(rng.choice(DIGITS) for _ in range(num_digits)) for _ in letters]
+        pieces = [f" Key {letter} is {code}." for letter, code in zip(letters, codes)]
+        pieces += [
+            " Room " + "".join(rng.choice(DIGITS) for _ in range(num_digits)) + "." for _ in range(num_distractors)
+        ]
+        rng.shuffle(pieces)
+        asked = rng.randrange(num_needles)
+        question = f" What is key {letters[asked]}? Key {letters[asked]} is "
+        filler_len = seq_len - 1 - sum(map(len, pieces)) - len(question) - num_digits
         if filler_len < 0:
             minimum = seq_len - filler_len
-            raise ValueError(f"passkey seq_len={seq_len} is too short: it needs at least {minimum} tokens.")
+            raise ValueError(
+                f"passkey seq_len={seq_len} is too short for {num_needles} needles and {num_distractors} "
+                f"distractors: it needs at least {minimum} tokens."
+            )
         filler = (PASSKEY_FILLER * (filler_len // len(PASSKEY_FILLER) + 1))[:filler_len]
-        depth = rng.randint(0, filler_len)
-        context = filler[:depth] + needle + filler[depth:] + question
-        out.append(_example([(context, False), (key, True)], pad_to if pad_to is not None else seq_len, "passkey"))
+        depths = sorted(rng.randint(0, filler_len) for _ in pieces)
+        context, cut = "", 0
+        for depth, piece in zip(depths, pieces):
+            context += filler[cut:depth] + piece
+            cut = depth
+        context += filler[cut:] + question
+        out.append(
+            _example([(context, False), (codes[asked], True)], pad_to if pad_to is not None else seq_len, "passkey")
+        )
     return out
 
 

@@ -1,0 +1,179 @@
+"""Ablation variants as package models: configs, the LM heads, a regression readout, parameter matching.
+
+Every variant is one of the package's families built through the transformers Auto classes with the
+public `attn_implementation` argument. Token tasks train the family's `*ForCausalLM` (its own loss, which
+for ZPX already adds `center_loss_weight * center_loss`); continuous tasks (N-body) run the backbone
+`*Model` on `inputs_embeds` with a linear read-in / read-out, adding the backbone's own `center_loss`
+output with the config's weight.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "baseline": {"family": "zpx", "config": {"lambda_angle": 0.0, "lambda_sphere": 0.0, "rotary": "rope"}},
+    "softmax_srpe": {"family": "zpx", "config": {"lambda_angle": 0.0, "lambda_sphere": 0.0, "rotary": "srpe"}},
+    "zpx_angle": {"family": "zpx", "config": {"lambda_angle": 1.0, "lambda_sphere": 0.0, "rotary": "rope"}},
+    "zpx_angle_sphere": {"family": "zpx", "config": {"lambda_angle": 1.0, "lambda_sphere": 1.0, "rotary": "rope"}},
+    "zpx_center": {
+        "family": "zpx",
+        "config": {"lambda_angle": 1.0, "lambda_sphere": 1.0, "rotary": "rope", "center_loss_weight": 1e-4},
+    },
+    "zpx_srpe": {"family": "zpx", "config": {"lambda_angle": 1.0, "lambda_sphere": 1.0, "rotary": "srpe"}},
+    "zpx_full": {
+        "family": "zpx",
+        "config": {"lambda_angle": 1.0, "lambda_sphere": 1.0, "rotary": "srpe", "center_loss_weight": 1e-4},
+    },
+    "pct": {"family": "pct", "config": {}},
+    "versor_gpa": {"family": "versor", "config": {"mixer": "gpa"}},
+    "versor_rra": {"family": "versor", "config": {"mixer": "rra"}},
+    "versor_hybrid": {"family": "versor", "config": {"mixer": "hybrid"}},
+}
+# hidden-size granule (2 heads, even head dim; Versor: 32 coefficients per channel), nominal MLP ratio
+FAMILY_SHAPE = {"zpx": (8, 8 / 3), "pct": (4, 8 / 3), "versor": (32, 2.0)}
+VERSOR_WIDTH_FACTOR = 4  # Versor widths are searched up to this multiple of the baseline hidden size
+PHASE_CHANNELS = 4
+
+
+def family_of(variant: str) -> str:
+    return VARIANTS[base_variant(variant)]["family"]
+
+
+def base_variant(variant: str) -> str:
+    """`versor_gpa@time` (the wall-clock-matched row) trains the `versor_gpa` model."""
+    return variant.split("@", 1)[0]
+
+
+def model_config(
+    variant: str, hidden: int, intermediate: int, layers: int, heads: int, vocab: int, max_pos: int
+) -> Any:
+    """Config of `variant` at the given widths (Versor: one multivector channel of 32 per head)."""
+    from zpx_hf import PCTConfig, VersorConfig, ZPXConfig
+
+    entry = VARIANTS[base_variant(variant)]
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 32 if entry["family"] == "versor" else heads,
+        max_position_embeddings=max_pos,
+        attn_implementation="sdpa",
+        **entry["config"],
+    )
+    if entry["family"] == "zpx":
+        return ZPXConfig(phase_channels=PHASE_CHANNELS, **common)
+    if entry["family"] == "pct":
+        return PCTConfig(**common)
+    return VersorConfig(**common)
+
+
+class SequenceRegressor(nn.Module):
+    """linear read-in -> family backbone (`inputs_embeds`, causal) -> linear read-out, for state sequences."""
+
+    def __init__(self, backbone: nn.Module, features: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        probe = torch.zeros(1, 2, dtype=torch.long)
+        with torch.no_grad():
+            in_width = backbone.get_input_embeddings()(probe).shape[-1]
+            out_width = backbone(input_ids=probe, use_cache=False).last_hidden_state.shape[-1]
+        self.read_in = nn.Linear(features, in_width)
+        self.read_out = nn.Linear(out_width, features)
+
+    def forward(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(prediction [B, T, F], weighted ZPX centre loss or None)."""
+        out = self.backbone(inputs_embeds=self.read_in(states), use_cache=False)
+        weight = float(getattr(self.backbone.config, "center_loss_weight", 0.0))
+        center = out.center_loss if weight > 0 else None  # the family's own regulariser output
+        return self.read_out(out.last_hidden_state), (weight * center if center is not None else None)
+
+    def counted_parameters(self) -> int:
+        """Parameters without the backbone's token embedding (unused with `inputs_embeds`)."""
+        unused = sum(p.numel() for p in self.backbone.get_input_embeddings().parameters())
+        return sum(p.numel() for p in self.parameters()) - unused
+
+
+def build_model(variant: str, width: dict[str, int], layers: int, heads: int, io: dict[str, int]) -> nn.Module:
+    """`*ForCausalLM` for token tasks (`io = {"vocab", "max_pos"}`), `SequenceRegressor` when `io` has
+    `features` (continuous sequences)."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    import zpx_hf  # noqa: F401  (registers the families with the Auto classes)
+
+    vocab = io.get("vocab", 4)
+    config = model_config(variant, width["hidden"], width["intermediate"], layers, heads, vocab, io["max_pos"])
+    if "features" in io:
+        return SequenceRegressor(AutoModel.from_config(config), io["features"])
+    return AutoModelForCausalLM.from_config(config)
+
+
+def count_parameters(model: nn.Module) -> int:
+    if isinstance(model, SequenceRegressor):
+        return model.counted_parameters()
+    return sum(p.numel() for p in model.parameters())
+
+
+def baseline_width(hidden: int) -> dict[str, int]:
+    return {"hidden": hidden, "intermediate": int(FAMILY_SHAPE["zpx"][1] * hidden) // 8 * 8}
+
+
+def match_width(
+    variant: str, hidden: int, layers: int, heads: int, io: dict[str, int], tolerance: float, max_hidden: int | None
+) -> dict[str, Any]:
+    """Hidden/intermediate sizes whose parameter count is nearest the baseline's at `hidden`.
+
+    Parameters are affine in the intermediate size at a fixed hidden size, so two builds per hidden size
+    give the intermediate size that hits the target; it is rounded to the family granule and verified.
+    Versor's grade-wise linears hold far fewer weights than dense ones, so its hidden sizes are searched up
+    to `max_hidden` (default VERSOR_WIDTH_FACTOR x hidden) and an unreachable count is reported as such."""
+    target = count_parameters(build_model("baseline", baseline_width(hidden), layers, heads, io))
+    if variant == "baseline":
+        return {**baseline_width(hidden), "params": target, "target": target, "matched": True}
+    family = family_of(variant)
+    granule, ratio = FAMILY_SHAPE[family]
+    inter_granule = 32 if family == "versor" else 8
+    base = max(granule, round(hidden / granule) * granule)
+    hiddens = sorted({max(granule, base + k * granule) for k in range(-4, 9)})
+    if family == "versor":
+        hiddens = list(range(granule, (max_hidden or VERSOR_WIDTH_FACTOR * hidden) + 1, granule))
+    candidates = []
+    for h in hiddens:
+        lo, hi = inter_granule, 16 * inter_granule
+        p_lo = count_parameters(build_model(variant, {"hidden": h, "intermediate": lo}, layers, heads, io))
+        p_hi = count_parameters(build_model(variant, {"hidden": h, "intermediate": hi}, layers, heads, io))
+        slope = (p_hi - p_lo) / (hi - lo)
+        if slope <= 0:
+            continue
+        inter = round((lo + (target - p_lo) / slope) / inter_granule) * inter_granule
+        inter = int(min(max(inter, inter_granule), 12 * h))
+        error = abs(p_lo + slope * (inter - lo) - target) / target
+        candidates.append((error > tolerance, abs(math.log(inter / (ratio * h))), error, h, inter))
+    _, _, _, h, inter = min(candidates)
+    params = count_parameters(build_model(variant, {"hidden": h, "intermediate": inter}, layers, heads, io))
+    return {
+        "hidden": h,
+        "intermediate": inter,
+        "params": params,
+        "target": target,
+        "matched": abs(params - target) / target <= tolerance,
+    }
+
+
+__all__ = [
+    "FAMILY_SHAPE",
+    "VARIANTS",
+    "SequenceRegressor",
+    "base_variant",
+    "baseline_width",
+    "build_model",
+    "count_parameters",
+    "family_of",
+    "match_width",
+    "model_config",
+]
