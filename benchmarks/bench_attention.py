@@ -7,7 +7,7 @@ Paths (one head layout for all: B=1, H=2 on CPU / B=2, H=8 on CUDA, 64 features 
   softmax_sdpa      torch SDPA softmax attention (the baseline; flash/efficient kernels where available)
   zpx_materialised  the seed's ZPX form, [L, L, C] angle and [L, L, C, 3] sphere tensors (C = 4)
   zpx_sdpa          ZPX as SDPA on the augmented head dim d + 5C (exact)
-  pct_reference     PCT sigmoid attention, chunked PyTorch reference (real head dim 2d = 64)
+  pct_reference     PCT sigmoid attention, tiled PyTorch path (query panels; real head dim 2d = 64)
   pct_triton        PCT fused Triton kernels (CUDA)
   gpa_reference     Versor GPA materialised, [L, L, 11] score products (2 multivector channels)
   gpa_triton        Versor GPA fused Triton kernels (CUDA)
@@ -81,16 +81,16 @@ def make_step(path: str, length: int, device: str, dtype: Any, batch: int, heads
             return out
 
     elif path in ("pct_reference", "pct_triton"):
-        from zpx_hf.ops_pct import pct_attention_reference, pct_attention_triton
+        from zpx_hf.ops_pct import pct_attention
 
-        op = pct_attention_reference if path == "pct_reference" else pct_attention_triton
+        kernel = "tiled" if path == "pct_reference" else "triton"
         q, k = make(batch, heads, length, d, scale=d**-0.5), make(batch, heads, length, d, scale=d**-0.5)
         v = make(batch, heads, length, d)
         tau = torch.full((heads,), d**0.5 / 2**0.5, device=device, requires_grad=True)
         bias = torch.full((heads,), -5.0, device=device, requires_grad=True)
 
         def run() -> Any:
-            return op(q, k, v, tau, bias, None, True)
+            return pct_attention(q, k, v, tau, bias, causal=True, kernel=kernel)
 
     elif path in ("gpa_reference", "gpa_triton"):
         from zpx_hf.ops_gpa import gpa_reference, gpa_triton

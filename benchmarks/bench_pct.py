@@ -1,18 +1,20 @@
-"""PCT sigmoid attention: throughput and peak memory vs sequence length (issue #4).
+"""PCT sigmoid attention: time (ratio to softmax SDPA) and peak memory vs sequence length.
 
-Forward + backward of one attention call, B=1, H heads, complex head dim d (real head dim 2d), causal:
+Forward + backward of one attention call, B=1, H heads, complex head dim d (real head dim 2d), causal,
+through `zpx_hf.ops_pct.pct_attention(..., kernel=...)`:
 
-* `materialised`  the formula with a full [B, H, L, L] gate tensor (plain autograd) - the seed's form
-* `reference`     `pct_attention_reference`: (query block x key block) tiles, recomputing backward
-* `triton`        `pct_attention_triton`, the fused kernel (CUDA only: on CPU Triton only has its
+* `naive`         the formula with a full [B, H, L, L] gate tensor (`ops_pct_naive.py`)
+* `tiled`         query panels with a recomputing backward (`ops_pct_tiled.py`; the CPU path)
+* `triton`        the fused kernels (`ops_pct_triton.py`; CUDA only: on CPU Triton only has its
                   interpreter, which is a correctness tool, not a fast path)
 * `sdpa-softmax`  `torch.nn.functional.scaled_dot_product_attention` at the same real head dim 2d
                   (the softmax baseline; not the same function, only the same shapes)
 
-Each point runs in a fresh subprocess. Peak memory is the growth of peak RSS over the RSS just before
-the first call (CPU) or `torch.cuda.max_memory_allocated` above the inputs (CUDA). Tokens/s = B * L / time of
-one forward + backward (best of the repeats). CPU workers use `--threads` (default 1): tile loops
-of small ops suffer badly from OpenMP oversubscription on a shared machine.
+Time: one worker per length runs every method in interleaved rounds (fair under background load) and
+reports medians over the rounds after a warm-up, and each method's ratio to SDPA from the same rounds.
+Peak memory: a fresh worker per (method, length), the growth of peak RSS over the RSS just before the
+first call (CPU) or `torch.cuda.max_memory_allocated` above the inputs (CUDA). CPU workers use
+`--threads` (default 1).
 
 Usage:  python benchmarks/bench_pct.py [--lengths 512 1024 2048 4096 8192] [--cuda-lengths ...]
 Writes benchmarks/results/pct_bench_cpu.md, and pct_bench_cuda.md (fp32 and bf16 rows) when CUDA is
@@ -23,24 +25,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import sys
 import time
 from pathlib import Path
 
 from measure import peak_rss_growth, rss_bytes, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
-METHODS = ("materialised", "reference", "triton", "sdpa-softmax")
+METHODS = ("naive", "tiled", "triton", "sdpa-softmax")
 
 
-def worker(method: str, length: int, device: str, dtype_name: str, heads: int, complex_dim: int, threads: int) -> dict:
+def make_op(method: str, length: int, device: str, dtype_name: str, heads: int, complex_dim: int):
+    """A closure running one forward + backward of `method` on inputs made once."""
     import torch
     import torch.nn.functional as F
 
-    from zpx_hf.ops_pct import pct_attention_reference, pct_attention_triton
+    from zpx_hf.ops_pct import pct_attention
 
     torch.manual_seed(0)
-    if device == "cpu":
-        torch.set_num_threads(threads)
     dtype = getattr(torch, dtype_name)
     dim = 2 * complex_dim  # real head dim: [re | im]
     tau = torch.full((heads,), complex_dim**0.5, device=device, requires_grad=True)
@@ -51,61 +54,81 @@ def worker(method: str, length: int, device: str, dtype_name: str, heads: int, c
 
     q, k, v = make(1, heads, length, dim), make(1, heads, length, dim), make(1, heads, length, dim)
 
-    def materialised() -> torch.Tensor:
-        scores = tau[:, None, None] * (q.float() @ k.float().transpose(-1, -2)) + bias[:, None, None]
-        causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-        gates = torch.sigmoid(scores) * causal
-        return (gates @ v.float()).to(dtype)
-
-    ops = {
-        "materialised": materialised,
-        "reference": lambda: pct_attention_reference(q, k, v, tau, bias, causal=True),
-        "triton": lambda: pct_attention_triton(q, k, v, tau, bias, causal=True),
-        "sdpa-softmax": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-    }
-    op = ops[method]
-
     def step() -> None:
-        op().float().sum().backward()
+        if method == "sdpa-softmax":
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = pct_attention(q, k, v, tau, bias, causal=True, kernel=method)
+        out.float().sum().backward()
+        q.grad = k.grad = v.grad = tau.grad = bias.grad = None
 
-    # CPU: peak RSS over the RSS before the first call (the warm-up's peak counts: memory freed after it
-    # would hide the op's peak from a later baseline). CUDA: peak allocation after the warm-up.
+    return step
+
+
+def memory_worker(
+    threads: int, method: str, length: int, device: str, dtype_name: str, heads: int, complex_dim: int
+) -> dict:
+    import torch
+
+    if device == "cpu":
+        torch.set_num_threads(threads)
+    step = make_op(method, length, device, dtype_name, heads, complex_dim)
+    # CPU: peak RSS over the RSS before the first call (the first call's peak counts). CUDA: after a warm-up.
     base = rss_bytes() if device == "cpu" else 0
-    step()  # warm-up (allocator, autotuning, kernel compilation)
-    q.grad = k.grad = v.grad = tau.grad = bias.grad = None
+    step()
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    times = []
-    for _ in range(5 if device == "cuda" else 3):
-        start = time.perf_counter()
         step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    if device == "cuda":
+        torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
     else:
         peak = peak_rss_growth(base)
-    seconds = min(times)  # best of the repeats: robust to other load on a shared machine
-    return {"ms": seconds * 1e3, "tokens_per_s": length / seconds, "peak_mib": max(peak, 0) / 2**20}
+    return {"peak_mib": max(peak, 0) / 2**20}
 
 
-def table(rows: list[dict], lengths: list[int], methods: list[str], title: str) -> list[str]:
-    by = {(r["L"], r["method"]): r for r in rows}
-    header = "| L | " + " | ".join(f"{m} tok/s | {m} peak MiB" for m in methods) + " |"
-    lines = [title, "", header, "|---:|" + "---:|---:|" * len(methods)]
+def time_worker(
+    threads: int, methods: list[str], length: int, device: str, dtype_name: str, heads: int, complex_dim: int
+) -> dict:
+    """Median ms per method over interleaved rounds (first round is warm-up), and ratios to sdpa-softmax."""
+    import torch
+
+    if device == "cpu":
+        torch.set_num_threads(threads)
+    steps = {m: make_op(m, length, device, dtype_name, heads, complex_dim) for m in methods}
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    rounds = 7 if device == "cpu" else 11
+    for round_index in range(rounds):
+        order = methods if round_index % 2 == 0 else methods[::-1]
+        for method in order:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            steps[method]()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if round_index > 0:
+                times[method].append(time.perf_counter() - start)
+    ms = {m: statistics.median(t) * 1e3 for m, t in times.items()}
+    base = ms.get("sdpa-softmax")
+    return {m: {"ms": ms[m], "ratio": ms[m] / base if base else float("nan")} for m in methods}
+
+
+def table(rows: dict, lengths: list[int], methods: list[str], title: str) -> list[str]:
+    header = "| L | " + " | ".join(f"{m} ms | {m} / SDPA | {m} peak MiB" for m in methods) + " |"
+    lines = [title, "", header, "|---:|" + "---:|---:|---:|" * len(methods)]
     for length in lengths:
         cells = []
         for method in methods:
-            row = by.get((length, method))
-            if row is None:
-                cells += ["-", "-"]
-            elif "error" in row:
-                cells += [f"failed ({row['error'][:30]})", "-"]
+            timing, memory = rows.get((length, method, "time")), rows.get((length, method, "memory"), {})
+            if timing is None:
+                cells += ["-", "-", "-"]
+            elif "error" in timing:
+                cells += [f"failed ({timing['error'][:30]})", "-", "-"]
             else:
-                cells += [f"{row['tokens_per_s']:,.0f}", f"{row['peak_mib']:.0f}"]
+                peak = f"{memory['peak_mib']:.0f}" if "peak_mib" in memory else "-"
+                cells += [f"{timing['ms']:,.1f}", f"{timing['ratio']:.2f}x", peak]
         lines.append(f"| {length} | " + " | ".join(cells) + " |")
     return lines
 
@@ -113,19 +136,22 @@ def table(rows: list[dict], lengths: list[int], methods: list[str], title: str) 
 def run_device(device: str, lengths: list[int], dtypes: list[str], methods: list[str], args) -> list[str]:
     lines = []
     for dtype in dtypes:
-        rows = []
+        rows: dict = {}
         for length in lengths:
-            for method in methods:
-                if method == "materialised" and length > args.materialised_max:
-                    continue
-                spec = [method, length, device, dtype, args.heads, args.complex_dim, args.threads]
-                rows.append({"L": length, "method": method, **run_worker(__file__, spec)})
-                print(device, dtype, rows[-1], flush=True)
+            active = [m for m in methods if m != "naive" or length <= args.naive_max]
+            spec = [active, length, device, dtype, args.heads, args.complex_dim]
+            timing = run_worker(__file__, ["time", args.threads, *spec])
+            for method in active:
+                rows[(length, method, "time")] = timing if "error" in timing else timing[method]
+                memory = run_worker(__file__, ["memory", args.threads, method, *spec[1:]])
+                rows[(length, method, "memory")] = memory
+            print(device, dtype, length, timing, flush=True)
         title = (
             f"PCT attention, forward + backward, B=1, H={args.heads}, complex d={args.complex_dim} "
             f"(real {2 * args.complex_dim}), causal, {dtype}, device={device}"
             + (f", {args.threads} CPU thread(s)" if device == "cpu" else "")
-            + "; tokens/s from the best of 3-5 repeats:"
+            + f"; `{args.command}`. Time: median over interleaved rounds in one process, ratio to SDPA from "
+            "the same rounds; peak memory: a fresh process per point."
         )
         lines += table(rows, lengths, methods, title) + [""]
     return lines
@@ -137,19 +163,21 @@ def main() -> None:
     parser.add_argument("--cuda-lengths", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--complex-dim", type=int, default=32)
-    parser.add_argument("--materialised-max", type=int, default=8192, help="skip the L x L form beyond this L")
+    parser.add_argument("--naive-max", type=int, default=4096, help="skip the L x L naive form beyond this L")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.worker:
-        print(json.dumps(worker(*json.loads(args.worker))))
+        kind, *spec = json.loads(args.worker)
+        print(json.dumps((time_worker if kind == "time" else memory_worker)(*spec)))
         return
+    args.command = "python benchmarks/bench_pct.py " + " ".join(sys.argv[1:])
 
     import torch
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    cpu_methods = ["materialised", "reference", "sdpa-softmax"]
+    cpu_methods = ["naive", "tiled", "sdpa-softmax"]
     lines = run_device("cpu", args.lengths, ["float32"], cpu_methods, args)
     lines.append(
         "CPU has no Triton fast path (the interpreter only checks correctness), so the kernel rows are GPU-only."

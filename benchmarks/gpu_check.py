@@ -4,7 +4,7 @@
     python benchmarks/gpu_check.py --quick         # correctness only, smaller shapes
 
 Checks (forward and every gradient, odd lengths, causal and not, fp32 / fp16 / bf16):
-  PCT sigmoid attention   pct_attention_triton vs pct_attention_reference     grads q, k, v, tau, b (+ padding mask)
+  PCT sigmoid attention   pct_attention kernel 'triton' vs 'tiled'            grads q, k, v, tau, b (+ padding mask)
   Versor GPA              gpa_triton vs gpa_reference                         grads q, k, v, gamma
   Versor RRA scan         rotor_scan_triton vs rotor_scan_sequential (fp32)   grads rotors, initial state
   RRA stability           |R ~R - 1| after a 16,384-token rotation scan on the Triton path
@@ -92,7 +92,7 @@ def compare(
 def check_pct(rows: list[dict[str, Any]], dtypes: list[Any], quick: bool) -> None:
     import torch
 
-    from zpx_hf.ops_pct import pct_attention_reference, pct_attention_triton
+    from zpx_hf.ops_pct import pct_attention
 
     shapes = [(1, 2, 1, 1, 32), (2, 3, 67, 67, 64), (1, 2, 300, 300, 128)] + ([] if quick else [(2, 4, 1031, 1031, 64)])
     shapes = shapes[:2] if SMOKE else shapes
@@ -114,8 +114,8 @@ def check_pct(rows: list[dict[str, Any]], dtypes: list[Any], quick: bool) -> Non
                 for dtype in dtypes:
                     compare(
                         f"pct L={lq} D={dim} causal={causal} mask={masked}",
-                        lambda *a, m=mask, c=causal: pct_attention_triton(*a, m, c),
-                        lambda *a, m=mask, c=causal: pct_attention_reference(*a, m, c),
+                        lambda *a, m=mask, c=causal: pct_attention(*a, causal=c, key_padding_mask=m, kernel="triton"),
+                        lambda *a, m=mask, c=causal: pct_attention(*a, causal=c, key_padding_mask=m, kernel="tiled"),
                         [q, k, v, tau, bias],
                         ["dq", "dk", "dv", "dtau", "dbias"],
                         dtype,

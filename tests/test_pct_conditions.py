@@ -7,7 +7,7 @@ import torch
 
 from zpx_hf import PCTConfig, PCTModel
 from zpx_hf.modeling_complex import complex_rotate
-from zpx_hf.ops_pct import pct_attention_reference, pct_attention_weights
+from zpx_hf.ops_pct import pct_attention, pct_attention_weights
 
 
 def tiny_config(**overrides):
@@ -161,12 +161,12 @@ def test_c2_one_real_weight_per_pair_for_all_value_elements():
     k = torch.nn.functional.normalize(torch.randn(1, heads, length, dim, generator=generator), dim=-1)
     tau, bias = torch.tensor([3.0, 5.0]), torch.tensor([-1.0, -2.0])
     basis = torch.eye(dim)[:length].expand(1, heads, length, dim)
-    probe = pct_attention_reference(q, k, basis, tau, bias)  # out_i = sum_j a_ij e_j -> row i of A
+    probe = pct_attention(q, k, basis, tau, bias)  # out_i = sum_j a_ij e_j -> row i of A
     gates = probe[..., :length]
     torch.testing.assert_close(gates, pct_attention_weights(q, k, tau, bias), rtol=0, atol=1e-6)
     values = torch.randn(1, heads, length, dim, generator=generator)
     # every element (real and imaginary parts alike) is mixed by the same real matrix A
-    torch.testing.assert_close(pct_attention_reference(q, k, values, tau, bias), gates @ values, rtol=0, atol=1e-5)
+    torch.testing.assert_close(pct_attention(q, k, values, tau, bias), gates @ values, rtol=0, atol=1e-5)
 
 
 def test_c3_gate_gradient_finite_and_lipschitz():
@@ -178,7 +178,7 @@ def test_c3_gate_gradient_finite_and_lipschitz():
 
     def grad_at(bias_value):
         bias = torch.tensor([bias_value], dtype=torch.float64, requires_grad=True)
-        out = pct_attention_reference(q, k, v, tau, bias)
+        out = pct_attention(q, k, v, tau, bias)
         return torch.autograd.grad(out.sum(), bias)[0].item()
 
     biases = torch.linspace(-60.0, 60.0, 1201).tolist()
@@ -210,13 +210,15 @@ def test_c4_value_rotation_rotates_the_output_and_global_qk_phase_is_invisible()
     tau, bias = torch.tensor([3.0, 2.0]), torch.tensor([-1.5, -0.5])
     mask = torch.ones(2, length, dtype=torch.bool)
     mask[1, :2] = False
-    out = pct_attention_reference(q, k, v, tau, bias, key_padding_mask=mask)
+    out = pct_attention(q, k, v, tau, bias, key_padding_mask=mask)
     for angle in (0.3, 2.0, -1.1):
         cos, sin = unit_complex(angle, d)
-        rotated = pct_attention_reference(q, k, complex_rotate(v, cos, sin), tau, bias, key_padding_mask=mask)
+        rotated = pct_attention(q, k, complex_rotate(v, cos, sin), tau, bias, key_padding_mask=mask)
         torch.testing.assert_close(rotated, complex_rotate(out, cos, sin), rtol=0, atol=1e-5)
         gates = pct_attention_weights(q, k, tau, bias, key_padding_mask=mask)
-        spun = pct_attention_weights(complex_rotate(q, cos, sin), complex_rotate(k, cos, sin), tau, bias, mask)
+        spun = pct_attention_weights(
+            complex_rotate(q, cos, sin), complex_rotate(k, cos, sin), tau, bias, key_padding_mask=mask
+        )
         torch.testing.assert_close(spun, gates, rtol=0, atol=1e-6)
 
 

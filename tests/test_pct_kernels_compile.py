@@ -6,7 +6,7 @@ from helpers_triton_compile import SM90_SHARED_MEMORY, compile_for_sm90
 pytest.importorskip("triton")
 
 BODY = """
-from zpx_hf import ops_pct
+from zpx_hf import ops_pct_triton
 
 strides = ("sqb", "sqh", "sqm", "sqd", "skb", "skh", "skn", "skd", "svb", "svh", "svn", "svd", "sob", "soh",
            "som", "sod", "s_kpm", "s_part", "H", "L_Q", "L_K", "D", "OFFSET")
@@ -20,7 +20,11 @@ def types(dtype):
 # The default 64 x 64 tile at the largest head size (most shared memory), fp32 (ieee) and bf16.
 for dtype, precision in (("fp32", "ieee"), ("bf16", "tf32")):
     flags = dict(CAUSAL=True, HAS_KPM=True, PRECISION=precision, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64)
-    for kernel in (ops_pct._pct_fwd_kernel, ops_pct._pct_bwd_dkdv_kernel, ops_pct._pct_bwd_dq_kernel):
+    for kernel in (
+        ops_pct_triton._pct_fwd_kernel,
+        ops_pct_triton._pct_bwd_dkdv_kernel,
+        ops_pct_triton._pct_bwd_dq_kernel,
+    ):
         compile_kernel(kernel, types(dtype), flags, num_warps=4, num_stages=2, tag=dtype)
 """
 

@@ -1,4 +1,5 @@
-"""PCT sigmoid attention ops: chunked reference and Triton kernel (interpreter on CPU) vs float64 formula."""
+"""PCT attention ops: naive vs a complex float64 formula, tiled and Triton (interpreter) vs naive on one
+grid, the dispatch, bf16 autocast, and ComplexLinear's one-GEMM form (plain and under PEFT LoRA)."""
 
 import subprocess
 import sys
@@ -6,199 +7,209 @@ import sys
 import pytest
 import torch
 
-from zpx_hf import ops_pct
-from zpx_hf.ops_pct import (
-    HAS_TRITON,
-    pct_attention,
-    pct_attention_reference,
-    pct_attention_triton,
-    pct_attention_weights,
-)
+from zpx_hf import ops_pct_tiled
+from zpx_hf.modeling_complex import ComplexLinear
+from zpx_hf.ops_pct import HAS_TRITON, PCT_KERNELS, pct_attention, pct_attention_weights, resolve_kernel
+from zpx_hf.ops_pct_naive import pct_attention_naive
+from zpx_hf.ops_pct_tiled import pct_attention_tiled
+from zpx_hf.ops_pct_triton import pct_attention_triton
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 
-
-def direct_float64(q, k, v, tau, bias, key_padding_mask, causal):
-    """out_i = sum_j sigmoid(tau q_i.k_j + b) v_j over visible j, written out in float64."""
-    q, k, v = q.double(), k.double(), v.double()
-    l_q, l_k = q.shape[2], k.shape[2]
-    scores = tau.double()[:, None, None] * torch.einsum("bhid,bhjd->bhij", q, k) + bias.double()[:, None, None]
-    visible = torch.ones(l_q, l_k, dtype=torch.bool)
-    if causal:
-        visible = torch.arange(l_k)[None, :] <= torch.arange(l_q)[:, None] + (l_k - l_q)
-    visible = visible[None, None]
-    if key_padding_mask is not None:
-        visible = visible & key_padding_mask[:, None, None, :]
-    gates = torch.where(visible, torch.sigmoid(scores), torch.zeros_like(scores))
-    return torch.einsum("bhij,bhjd->bhid", gates, v)
+# (B, H, Lq, Lk, D): D is the real head dim 2d; Lq < Lk = queries after a KV cache
+GRID = [(1, 1, 1, 1, 2), (2, 3, 37, 37, 8), (2, 2, 5, 40, 6), (1, 2, 1, 33, 16), (2, 2, 50, 50, 16)]
+GRID_IDS = [f"B{b}-H{h}-Lq{lq}-Lk{lk}-D{d}" for b, h, lq, lk, d in GRID]
+MODES = {"causal": (True, False), "causal-padded": (True, True), "bidirectional-padded": (False, True)}
+NAMES = ("out", "dq", "dk", "dv", "dtau", "dbias")
 
 
-def make_inputs(batch, heads, l_q, l_k, dim, padded, dtype=torch.float32, seed=0):
+def make_inputs(shape, padded, dtype=torch.float64, seed=0):
+    """Unit-norm q, k (as the model feeds them), random v, per-head tau and bias, a padding mask, dO."""
+    batch, heads, l_q, l_k, dim = shape
     generator = torch.Generator().manual_seed(seed)
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=generator).to(dtype).requires_grad_()
-
-    # unit-norm q, k as the model feeds them (after the complex L2 norm)
-    q = torch.nn.functional.normalize(torch.randn(batch, heads, l_q, dim, generator=generator), dim=-1)
-    k = torch.nn.functional.normalize(torch.randn(batch, heads, l_k, dim, generator=generator), dim=-1)
-    q, k = q.to(dtype).requires_grad_(), k.to(dtype).requires_grad_()
-    v = rand(batch, heads, l_k, dim)
-    tau = (torch.rand(heads, generator=generator) * 4 + 2).requires_grad_()
-    bias = (-torch.rand(heads, generator=generator) * 3).requires_grad_()
+    q = torch.nn.functional.normalize(
+        torch.randn(batch, heads, l_q, dim, generator=generator, dtype=torch.float64), dim=-1
+    )
+    k = torch.nn.functional.normalize(
+        torch.randn(batch, heads, l_k, dim, generator=generator, dtype=torch.float64), dim=-1
+    )
+    v = torch.randn(batch, heads, l_k, dim, generator=generator, dtype=torch.float64)
+    tau = torch.rand(heads, generator=generator, dtype=torch.float64) * 4 + 2
+    bias = -torch.rand(heads, generator=generator, dtype=torch.float64) * 3
+    param_dtype = torch.float64 if dtype == torch.float64 else torch.float32  # tau, bias are parameters
+    inputs = tuple(t.to(dtype).requires_grad_() for t in (q, k, v)) + tuple(
+        t.to(param_dtype).requires_grad_() for t in (tau, bias)
+    )
     mask = None
     if padded:
         mask = torch.ones(batch, l_k, dtype=torch.bool)
         mask[0, : max(1, l_k // 4)] = False  # left padding
         mask[-1, l_k - l_k // 3 :] = False  # right padding
-    grad = torch.randn(batch, heads, l_q, dim, generator=generator).to(dtype)
-    return (q, k, v, tau, bias), mask, grad
+    grad = torch.randn(batch, heads, l_q, dim, generator=generator, dtype=torch.float64).to(dtype)
+    return inputs, mask, grad
 
 
 def run(fn, inputs, mask, grad, causal):
-    out = fn(*inputs, key_padding_mask=mask, causal=causal)
-    grads = torch.autograd.grad((out.float() * grad.float()).sum(), inputs)
-    return [out.double()] + [g.double() for g in grads]
+    """[out, dq, dk, dv, dtau, dbias] in float64."""
+    out = fn(*inputs, causal=causal, key_padding_mask=mask)
+    grads = torch.autograd.grad((out.double() * grad.double()).sum(), inputs)
+    return [out.detach().double()] + [g.double() for g in grads]
 
 
-def assert_all_close(actual, expected, atol, rtol, names=("out", "dq", "dk", "dv", "dtau", "dbias")):
-    for name, a, e in zip(names, actual, expected):
-        scale = e.abs().max().clamp(min=1.0)
-        err = (a - e).abs().max() / scale
-        assert err <= atol + rtol, f"{name}: relative max error {err:.3e}"
+def assert_close_scaled(actual, expected, tol):
+    """max |a - e| <= tol * max(|e|, 1), per output and gradient."""
+    for name, a, e in zip(NAMES, actual, expected):
+        err = ((a - e).abs().max() / e.abs().max().clamp(min=1.0)).item()
+        assert err <= tol, f"{name}: scaled max error {err:.3e} > {tol:.1e}"
 
 
-@pytest.mark.parametrize("length", [1, 63, 130])
-@pytest.mark.parametrize("dim", [16, 32, 64])
-@pytest.mark.parametrize("padded", [False, True])
-def test_reference_matches_float64_formula(length, dim, padded):
-    inputs, mask, grad = make_inputs(2, 2, length, length, dim, padded)
-    expected = run(direct_float64, inputs, mask, grad, True)
-    actual = run(lambda *a, **kw: pct_attention_reference(*a, **kw, block_size=32), inputs, mask, grad, True)
-    assert_all_close(actual, expected, atol=2e-6, rtol=0)
+def complex_formula(q, k, v, tau, bias, causal, mask):
+    """SPEC §3 with complex128 tensors: a_ij = sigmoid(tau Re sum_m q_im conj(k_jm) + b) on visible pairs."""
+    d = q.shape[-1] // 2
+    qc, kc, vc = (torch.complex(t[..., :d], t[..., d:]) for t in (q, k, v))
+    score = tau[:, None, None] * torch.einsum("bhim,bhjm->bhij", qc, kc.conj()).real + bias[:, None, None]
+    l_q, l_k = q.shape[2], k.shape[2]
+    visible = torch.tensor([[(not causal) or j <= i + l_k - l_q for j in range(l_k)] for i in range(l_q)])
+    visible = visible[None, None] & (mask[:, None, None, :] if mask is not None else True)
+    gate = torch.where(visible, torch.sigmoid(score), torch.zeros_like(score))
+    out = torch.einsum("bhij,bhjm->bhim", gate.to(torch.complex128), vc)
+    return torch.cat((out.real, out.imag), dim=-1)
 
 
-@needs_triton
-@pytest.mark.parametrize("length", [1, 63, 130])
-@pytest.mark.parametrize("dim", [16, 32, 64])
-@pytest.mark.parametrize("padded", [False, True])
-def test_triton_matches_reference_fp32(length, dim, padded):
-    batch, heads = (2, 1) if padded else (1, 2)
-    inputs, mask, grad = make_inputs(batch, heads, length, length, dim, padded, seed=length + dim)
-    reference = run(pct_attention_reference, inputs, mask, grad, True)
-    triton_out = run(pct_attention_triton, inputs, mask, grad, True)
-    assert_all_close(triton_out, reference, atol=1e-5, rtol=0)
-    assert_all_close(triton_out, run(direct_float64, inputs, mask, grad, True), atol=1e-5, rtol=0)
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("shape", GRID, ids=GRID_IDS)
+def test_naive_matches_complex_float64_formula(shape, mode):
+    causal, padded = MODES[mode]
+    inputs, mask, grad = make_inputs(shape, padded)
+    assert_close_scaled(
+        run(pct_attention_naive, inputs, mask, grad, causal),
+        run(
+            lambda *a, causal, key_padding_mask: complex_formula(*a, causal, key_padding_mask),
+            inputs,
+            mask,
+            grad,
+            causal,
+        ),
+        1e-12,
+    )
 
 
-@needs_triton
-@pytest.mark.parametrize(
-    "l_q, l_k, dim, causal, padded",
-    [
-        (1, 67, 32, True, True),  # one decode step against a cache
-        (17, 80, 48, True, False),  # chunked prefill, head dim not a power of two
-        (45, 45, 24, False, True),  # bidirectional encoder
-    ],
-)
-def test_triton_rectangular_and_bidirectional(l_q, l_k, dim, causal, padded):
-    inputs, mask, grad = make_inputs(2, 2, l_q, l_k, dim, padded, seed=7)
-    expected = run(direct_float64, inputs, mask, grad, causal)
-    assert_all_close(run(pct_attention_triton, inputs, mask, grad, causal), expected, atol=1e-5, rtol=0)
-    assert_all_close(run(pct_attention_reference, inputs, mask, grad, causal), expected, atol=1e-5, rtol=0)
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("shape", GRID, ids=GRID_IDS)
+def test_tiled_matches_naive_float64(shape, mode, monkeypatch):
+    monkeypatch.setattr(ops_pct_tiled, "PANEL_ROWS", 16)  # several panels at these lengths
+    causal, padded = MODES[mode]
+    inputs, mask, grad = make_inputs(shape, padded, seed=1)
+    assert_close_scaled(
+        run(pct_attention_tiled, inputs, mask, grad, causal),
+        run(pct_attention_naive, inputs, mask, grad, causal),
+        1e-12,
+    )
 
 
-@needs_triton
-@pytest.mark.parametrize("length, padded", [(63, False), (130, True)])
-def test_triton_matches_reference_fp16(length, padded):
-    inputs, mask, grad = make_inputs(1, 2, length, length, 32, padded, dtype=torch.float16, seed=3)
-    reference = run(pct_attention_reference, inputs, mask, grad, True)
-    triton_out = run(pct_attention_triton, inputs, mask, grad, True)
-    assert triton_out[0].dtype == torch.float64  # (run() upcasts for comparison)
-    assert_all_close(triton_out, reference, atol=0, rtol=4e-3)
+def test_tiled_gradcheck_float64(monkeypatch):
+    monkeypatch.setattr(ops_pct_tiled, "PANEL_ROWS", 3)
+    inputs, mask, _ = make_inputs((2, 1, 4, 7, 4), padded=True, seed=2)
+    assert torch.autograd.gradcheck(lambda *a: pct_attention_tiled(*a, key_padding_mask=mask), inputs)
 
 
-def test_reference_gradcheck_float64():
-    generator = torch.Generator().manual_seed(0)
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=generator, dtype=torch.float64).requires_grad_()
-
-    q, k, v = rand(1, 2, 5, 6), rand(1, 2, 9, 6), rand(1, 2, 9, 6)
-    tau, bias = rand(2), rand(2)
-    mask = torch.ones(1, 9, dtype=torch.bool)
-    mask[0, 3] = False
-
-    def fn(*args):
-        return pct_attention_reference(*args, key_padding_mask=mask, causal=True, block_size=4)
-
-    assert torch.autograd.gradcheck(fn, (q, k, v, tau, bias))
-
-
-def test_reference_never_materialises_full_score_matrix(monkeypatch):
+def test_tiled_computes_only_visible_panels(monkeypatch):
+    """No pass holds more than PANEL_ROWS x Lk gates, and causal panels stop at their last visible key."""
+    monkeypatch.setattr(ops_pct_tiled, "PANEL_ROWS", 16)
     seen = []
-    original = ops_pct._tile_gates
+    original = ops_pct_tiled._panel_gates
 
-    def spy(q, k, tau, bias, mask):
-        seen.append((q.shape[2], k.shape[2]))
-        return original(q, k, tau, bias, mask)
+    def spy(q_scaled, key, bias_bh, start, end, keys, *args):
+        seen.append((end - start, keys))
+        return original(q_scaled, key, bias_bh, start, end, keys, *args)
 
-    monkeypatch.setattr(ops_pct, "_tile_gates", spy)
-    inputs, mask, grad = make_inputs(1, 2, 130, 130, 16, True)
-    run(lambda *a, **kw: pct_attention_reference(*a, **kw, block_size=32), inputs, mask, grad, True)
-    assert seen and max(m * n for m, n in seen) <= 32 * 32
-    # causal: tiles strictly above the diagonal are skipped (5 x 5 tiles -> 15 visited, forward + backward)
-    assert len(seen) == 2 * 15
+    monkeypatch.setattr(ops_pct_tiled, "_panel_gates", spy)
+    inputs, mask, grad = make_inputs((1, 2, 50, 70, 8), padded=True, seed=3)
+    run(pct_attention_tiled, inputs, mask, grad, True)
+    # panels of rows [0,16) [16,32) [32,48) [48,50) see keys up to 36, 52, 68, 70; forward + backward
+    assert seen == [(16, 36), (16, 52), (16, 68), (2, 70)] * 2
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # masked huge scores
-def test_masked_pairs_contribute_exactly_zero():
-    inputs, mask, _ = make_inputs(2, 1, 40, 40, 16, True)
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize(
+    "shape, mode",
+    [
+        ((2, 2, 37, 37, 16), "causal"),
+        ((2, 2, 5, 40, 24), "causal-padded"),
+        ((1, 2, 45, 45, 32), "bidirectional-padded"),
+    ],
+    ids=["B2-H2-Lq37-Lk37-D16", "B2-H2-Lq5-Lk40-D24", "B1-H2-Lq45-Lk45-D32"],
+)
+def test_triton_interpreter_matches_naive(shape, mode, dtype):
+    causal, padded = MODES[mode]
+    inputs, mask, grad = make_inputs(shape, padded, dtype=dtype, seed=4)
+    expected = run(pct_attention_naive, tuple(t.detach().double().requires_grad_() for t in inputs), mask, grad, causal)
+    # fp32: float32 accumulation over <= 45 terms; fp16: the kernel rounds gates and ds to fp16 before its GEMMs
+    tol = 1e-5 if dtype == torch.float32 else 8 * torch.finfo(torch.float16).eps
+    assert_close_scaled(run(pct_attention_triton, inputs, mask, grad, causal), expected, tol)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # huge scores on hidden keys
+@pytest.mark.parametrize("kernel", PCT_KERNELS)
+def test_masked_pairs_contribute_exactly_zero(kernel):
+    if kernel == "triton" and not HAS_TRITON:
+        pytest.skip("triton is not installed")
+    inputs, mask, _ = make_inputs((2, 1, 40, 40, 16), padded=True, dtype=torch.float32)
     q, k, v, tau, bias = (t.detach() for t in inputs)
-    out = pct_attention_reference(q, k, v, tau, bias, key_padding_mask=mask)
+    out = pct_attention(q, k, v, tau, bias, key_padding_mask=mask, kernel=kernel)
     k2, v2 = k.clone(), v.clone()
     hidden = ~mask[:, None, :, None].expand_as(k)
-    k2[hidden] = 1e4
-    v2[hidden] = -1e6
-    assert torch.equal(pct_attention_reference(q, k2, v2, tau, bias, key_padding_mask=mask), out)
-    if HAS_TRITON:
-        expected = pct_attention_triton(q, k, v, tau, bias, key_padding_mask=mask)
-        assert torch.equal(pct_attention_triton(q, k2, v2, tau, bias, key_padding_mask=mask), expected)
+    k2[hidden], v2[hidden] = 1e4, -1e6
+    assert torch.equal(pct_attention(q, k2, v2, tau, bias, key_padding_mask=mask, kernel=kernel), out)
 
 
-def test_weights_helper_matches_formula_and_output():
-    inputs, mask, _ = make_inputs(2, 2, 9, 12, 16, True)
+def test_weights_are_the_naive_gates():
+    inputs, mask, _ = make_inputs((2, 2, 9, 12, 16), padded=True)
     q, k, v, tau, bias = (t.detach() for t in inputs)
-    gates = pct_attention_weights(q, k, tau, bias, key_padding_mask=mask, causal=True)
-    torch.testing.assert_close(gates @ v, pct_attention_reference(q, k, v, tau, bias, mask, True))
+    gates = pct_attention_weights(q, k, tau, bias, causal=True, key_padding_mask=mask)
+    assert gates.shape == (2, 2, 9, 12) and (gates[~mask[:, None, None, :].expand_as(gates)] == 0).all()
+    torch.testing.assert_close(
+        gates @ v, pct_attention_naive(q, k, v, tau, bias, key_padding_mask=mask), rtol=0, atol=1e-13
+    )
 
 
-def test_dispatch_picks_reference_on_cpu_and_rejects_unknown(monkeypatch):
-    inputs, _, _ = make_inputs(1, 1, 4, 4, 8, False)
-    calls = []
-    monkeypatch.setattr(ops_pct, "pct_attention_reference", lambda *a, **kw: calls.append("reference"))
-    pct_attention(*inputs)
-    assert calls == ["reference"]
-    with pytest.raises(ValueError, match="attention_kernel"):
-        pct_attention(*inputs, implementation="flash")
+def test_dispatch_auto_is_tiled_on_cpu_and_unknown_kernel_fails():
+    inputs, _, _ = make_inputs((1, 2, 4, 6, 8), padded=False)
+    assert resolve_kernel("auto", inputs[0]) == "tiled"
+    for kernel in ("naive", "tiled"):
+        assert resolve_kernel(kernel, inputs[0]) == kernel
+        torch.testing.assert_close(
+            pct_attention(*inputs, kernel=kernel), pct_attention_naive(*inputs), rtol=0, atol=1e-14
+        )
+    with pytest.raises(ValueError, match=r"`kernel`='flash'.*'naive', 'tiled', 'triton'"):
+        pct_attention(*inputs, kernel="flash")
 
 
-def test_shape_errors_name_the_argument():
+def test_bad_inputs_name_the_argument():
     q = torch.randn(1, 2, 4, 8)
     with pytest.raises(ValueError, match="key_padding_mask"):
-        pct_attention_reference(q, q, q, 1.0, 0.0, key_padding_mask=torch.ones(1, 5, dtype=torch.bool))
-    with pytest.raises(ValueError, match="per-head"):
-        pct_attention_reference(q, q, q, torch.ones(3), 0.0)
+        pct_attention(q, q, q, 1.0, 0.0, key_padding_mask=torch.ones(1, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="`tau` is per-head"):
+        pct_attention(q, q, q, torch.ones(3), 0.0)
+    with pytest.raises(ValueError, match="`query` has more positions"):
+        pct_attention(q, q[:, :, :2], q[:, :, :2], 1.0, 0.0)
+    with pytest.raises(ValueError, match="`value`"):
+        pct_attention(q, q, q[..., :4], 1.0, 0.0)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("length", [1, 257, 1000])
-def test_triton_cuda_half_precision(dtype, length):
-    inputs, mask, grad = make_inputs(2, 4, length, length, 128, True, dtype=dtype)
-    inputs = tuple(t.detach().cuda().requires_grad_() for t in inputs)
-    mask, grad = mask.cuda(), grad.cuda()
-    reference = run(pct_attention_reference, inputs, mask, grad, True)
-    assert_all_close(run(pct_attention, inputs, mask, grad, True), reference, atol=0, rtol=2e-2)
+@pytest.mark.parametrize("kernel", ["naive", "tiled"])
+def test_bf16_autocast_stays_within_bound_of_fp32(kernel):
+    """Under CPU bf16 autocast with bf16 q, k, v (what autocast linears give) the gates are computed in
+    float32: out and grads differ from fp32 by the bf16 rounding of the inputs only, here bounded by
+    8 bf16 eps (3.1e-2) of each tensor's scale."""
+    inputs, mask, grad = make_inputs((2, 2, 50, 50, 16), padded=True, dtype=torch.float32, seed=5)
+    expected = run(pct_attention_naive, inputs, mask, grad, True)
+    low = tuple(t.detach().to(torch.bfloat16).requires_grad_() for t in inputs[:3]) + inputs[3:]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        actual = run(lambda *a, **kw: pct_attention(*a, **kw, kernel=kernel), low, mask, grad, True)
+        assert pct_attention(*low, kernel=kernel).dtype == torch.bfloat16
+    assert_close_scaled(actual, expected, 8 * torch.finfo(torch.bfloat16).eps)
 
 
 def test_ops_module_imports_and_runs_without_triton():
@@ -210,7 +221,7 @@ def test_ops_module_imports_and_runs_without_triton():
         "q = torch.randn(1, 1, 3, 4)\n"
         "out = ops_pct.pct_attention(q, q, q, 1.0, 0.0)\n"
         "try:\n"
-        "    ops_pct.pct_attention(q, q, q, 1.0, 0.0, implementation='triton')\n"
+        "    ops_pct.pct_attention(q, q, q, 1.0, 0.0, kernel='triton')\n"
         "except RuntimeError as error:\n"
         "    assert 'triton' in str(error)\n"
         "else:\n"
@@ -218,3 +229,82 @@ def test_ops_module_imports_and_runs_without_triton():
     )
     completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("length", [1, 257, 1000])
+def test_triton_cuda_half_precision(dtype, length):
+    inputs, mask, grad = make_inputs((2, 4, length, length, 128), padded=True, dtype=dtype)
+    inputs = tuple(t.detach().cuda().requires_grad_() for t in inputs)
+    mask, grad = mask.cuda(), grad.cuda()
+    expected = run(pct_attention_tiled, tuple(t.detach().float().requires_grad_() for t in inputs), mask, grad, True)
+    assert_close_scaled(run(pct_attention, inputs, mask, grad, True), expected, 2e-2)
+
+
+# ComplexLinear: one GEMM with [[A, -B], [B, A]] vs the two-GEMM definition
+
+
+def complex_linear_formula(linear, z):
+    """W z + c with W = A + iB, c = (a - b) + i(a + b), in complex128."""
+    n = z.shape[-1] // 2
+    weight = torch.complex(linear.real.weight.double(), linear.imag.weight.double())
+    out = torch.complex(z[..., :n].double(), z[..., n:].double()) @ weight.T
+    if linear.real.bias is not None:
+        a, b = linear.real.bias.double(), linear.imag.bias.double()
+        out = out + torch.complex(a - b, a + b)
+    return torch.cat((out.real, out.imag), dim=-1)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_complex_linear_one_gemm_equals_two_gemm_float64(bias):
+    torch.manual_seed(0)
+    linear = ComplexLinear(6, 5, bias=bias).double()
+    if bias:
+        torch.nn.init.normal_(linear.real.bias)
+        torch.nn.init.normal_(linear.imag.bias)
+    z = torch.randn(3, 4, 12, dtype=torch.float64)
+    grad = torch.randn(3, 4, 10, dtype=torch.float64)
+    results = []
+    for fn in (linear, linear.forward_submodules):
+        out = fn(z)
+        results.append([out] + list(torch.autograd.grad((out * grad).sum(), list(linear.parameters()))))
+    for one, two in zip(*results):
+        torch.testing.assert_close(one, two, rtol=0, atol=1e-13)
+    torch.testing.assert_close(results[0][0], complex_linear_formula(linear, z), rtol=0, atol=1e-13)
+
+
+def test_complex_linear_under_peft_lora_calls_the_adapters():
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(0)
+
+    class Stack(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = ComplexLinear(6, 8, bias=True)
+            self.second = ComplexLinear(8, 4)
+
+        def forward(self, z):
+            return self.second(self.first(z))
+
+    base = Stack().double()
+    z = torch.randn(5, 12, dtype=torch.float64)
+    before = base(z)
+    config = peft.LoraConfig(r=2, lora_alpha=4, target_modules=["real", "imag"], init_lora_weights=False)
+    model = peft.get_peft_model(base, config)
+    adapted = model(z)
+    assert type(model.base_model.model.first.real) is not torch.nn.Linear  # wrapped: the sub-module path
+    assert (adapted - before).abs().max() > 1e-3  # the adapters change the result
+    merged = model.merge_and_unload()
+    assert type(merged.first.real) is torch.nn.Linear  # plain again: the one-GEMM path
+    torch.testing.assert_close(merged(z), adapted, rtol=0, atol=1e-12)
+    torch.testing.assert_close(merged.first(z), complex_linear_formula(merged.first, z), rtol=0, atol=1e-12)
+
+
+def test_complex_linear_hooks_on_sub_modules_see_the_inputs():
+    linear = ComplexLinear(4, 3)
+    seen = []
+    linear.real.register_forward_hook(lambda module, args, out: seen.append(args[0].shape))
+    z = torch.randn(2, 8)
+    torch.testing.assert_close(linear(z), linear.forward_submodules(z))
+    assert seen and seen[0] == (2, 2, 4)  # the stacked (x, y)

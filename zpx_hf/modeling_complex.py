@@ -5,7 +5,8 @@ laid out `[re | im]` = `[x_1..x_n, y_1..y_n]` on the last dimension. Torch compl
 avoided on purpose: they break bf16, autocast, SDPA and `torch.compile`.
 
 * `ComplexLinear`      W z + c with W = A + iB as two real `nn.Linear` sub-modules `real` (A)
-                       and `imag` (B), so PEFT/LoRA can target them by name.
+                       and `imag` (B), so PEFT/LoRA can target them by name; computed as one GEMM
+                       with the real block weight [[A, -B], [B, A]].
 * `ComplexEmbedding`   token -> complex vector (one `nn.Embedding` row `[re | im]`).
 * `ComplexRMSNorm`     z * w / sqrt(mean_m |z_m|^2 + eps), real gain w: rescales, keeps phases.
 * `ModReLU`            relu(|z| + b) z / |z|: a phase-preserving nonlinearity.
@@ -15,6 +16,7 @@ avoided on purpose: they break bf16, autocast, SDPA and `torch.compile`.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -44,10 +46,14 @@ def complex_rotate(z: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
 class ComplexLinear(nn.Module):
     """Complex affine map W z + c with W = A + iB.
 
-    (A + iB)(x + iy) = (Ax - By) + i(Bx + Ay). `real` holds A, `imag` holds B; each is applied once to
-    the stacked (x, y), so a LoRA adapter on either sub-module sees every input. With `bias=True` the
-    complex bias is c = (a - b) + i(a + b) for the sub-modules' real biases a, b (a bijective
-    parameterisation of C^n).
+    (A + iB)(x + iy) = (Ax - By) + i(Bx + Ay): on z = [x | y] that is one real GEMM with the block
+    weight [[A, -B], [B, A]]. `real` holds A, `imag` holds B (plain `nn.Linear`s, so checkpoints and
+    PEFT target names stay `real` / `imag`). With `bias=True` the complex bias is c = (a - b) + i(a + b)
+    for the sub-modules' real biases a, b (a bijective parameterisation of C^n).
+
+    When a sub-module is no longer a plain hook-free `nn.Linear` (a PEFT/LoRA layer, a parametrisation,
+    an FSDP unit, a hook), the forward calls the sub-modules instead, each applied once to the stacked
+    (x, y), so whatever wraps them sees every input: the same function, two GEMMs.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
@@ -57,10 +63,26 @@ class ComplexLinear(nn.Module):
         self.real = nn.Linear(in_features, out_features, bias=bias)
         self.imag = nn.Linear(in_features, out_features, bias=bias)
 
+    def _plain_linears(self) -> bool:
+        return all(
+            type(m) is nn.Linear and not (m._forward_hooks or m._forward_pre_hooks) for m in (self.real, self.imag)
+        )
+
     def forward(self, z: torch.Tensor) -> torch.Tensor:
+        if not self._plain_linears():
+            return self.forward_submodules(z)
+        a, b = self.real.weight, self.imag.weight
+        weight = torch.cat((torch.cat((a, -b), dim=1), torch.cat((b, a), dim=1)))  # [[A, -B], [B, A]]
+        bias = None
+        if self.real.bias is not None:
+            bias = torch.cat((self.real.bias - self.imag.bias, self.real.bias + self.imag.bias))
+        return F.linear(z, weight, bias)
+
+    def forward_submodules(self, z: torch.Tensor) -> torch.Tensor:
+        """The same map through the sub-modules' own forwards (two GEMMs): what adapters and hooks see."""
         parts = torch.stack(complex_parts(z))  # [2, ..., in]: (x, y)
-        a_parts = self.real(parts)  # (Ax, Ay)
-        b_parts = self.imag(parts)  # (Bx, By)
+        a_parts = self.real(parts)  # (Ax + a, Ay + a)
+        b_parts = self.imag(parts)  # (Bx + b, By + b)
         return torch.cat((a_parts[0] - b_parts[1], b_parts[0] + a_parts[1]), dim=-1)
 
     def extra_repr(self) -> str:

@@ -1,0 +1,120 @@
+"""PCT sigmoid attention in memory-lean PyTorch (the CPU fast path): query panels, recomputing backward.
+
+Same function as `ops_pct_naive.pct_attention_naive`. Queries are processed in panels of
+`PANEL_ROWS` rows against only the keys a panel can see (causal: the prefix up to its last row),
+so no pass holds more than B x H x PANEL_ROWS x Lk gates; the backward recomputes each panel's
+gates instead of storing them. Per panel, with q' = tau q (tau folded into the query):
+
+    forward    s = b + q' K^T  (bias as the GEMM's initial value),  a = sigmoid(s) masked,  out = a V
+    backward   dP = dO V^T,  ds = dP a (1 - a),  dv += a^T dO,  dk += ds^T q',  g = ds K,
+               dq = tau g,  dtau = sum q . g  (= sum ds q.k, from the dq product: no extra L x L pass),
+               db = sum ds
+
+Accumulation in float32 at least (float64 stays float64), autocast off inside the op.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .ops_pct_naive import prepare_inputs
+
+PANEL_ROWS = 128  # query rows per panel; read at call time
+
+
+def _panels(l_q: int, l_k: int, causal: bool, rows: int):
+    """(start, end, keys): query rows [start, end) see keys [0, keys)."""
+    offset = l_k - l_q
+    for start in range(0, l_q, rows):
+        end = min(start + rows, l_q)
+        yield start, end, min(l_k, end + offset) if causal else l_k
+
+
+def _panel_gates(q_scaled, key, bias_bh, start, end, keys, offset, causal, key_padding_mask) -> torch.Tensor:
+    """a = sigmoid(b + q'_[start:end] K_[:keys]^T), invisible pairs exactly 0; [B*H, rows, keys]."""
+    gate = torch.baddbmm(bias_bh, q_scaled[:, start:end], key[:, :keys].transpose(1, 2)).sigmoid_()
+    width = keys - (start + offset)  # keys [start + offset, keys): row r (from start) sees the first r + 1
+    if causal and width > 1:
+        hidden = torch.ones(end - start, width, dtype=torch.bool, device=gate.device).triu_(1)
+        gate[:, :, start + offset : keys].masked_fill_(hidden, 0.0)
+    if key_padding_mask is not None:  # rows are batch-major: [B, H * rows, keys] lines up with [B, 1, keys]
+        gate.view(key_padding_mask.shape[0], -1, keys).masked_fill_(~key_padding_mask[:, None, :keys], 0.0)
+    return gate
+
+
+class _PCTAttentionTiled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, query, key, value, tau, bias, key_padding_mask, causal):
+        batch, heads, l_q, dim = query.shape
+        l_k = key.shape[2]
+        acc = torch.promote_types(query.dtype, torch.float32)
+        with torch.autocast(query.device.type, enabled=False):
+            tau_bh = tau.to(acc).repeat(batch)[:, None, None]  # [B*H, 1, 1]
+            bias_bh = bias.to(acc).repeat(batch)[:, None, None]
+            q_scaled = query.to(acc).reshape(batch * heads, l_q, dim) * tau_bh
+            k = key.to(acc).reshape(batch * heads, l_k, dim)
+            v = value.to(acc).reshape(batch * heads, l_k, dim)
+            out = q_scaled.new_empty(batch * heads, l_q, dim)
+            for start, end, keys in _panels(l_q, l_k, causal, PANEL_ROWS):
+                gate = _panel_gates(q_scaled, k, bias_bh, start, end, keys, l_k - l_q, causal, key_padding_mask)
+                torch.bmm(gate, v[:, :keys], out=out[:, start:end])
+        ctx.save_for_backward(query, key, value, tau, bias, key_padding_mask)
+        ctx.causal = causal
+        return out.view(batch, heads, l_q, dim).to(query.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, tau, bias, key_padding_mask = ctx.saved_tensors
+        batch, heads, l_q, dim = query.shape
+        l_k = key.shape[2]
+        acc = torch.promote_types(query.dtype, torch.float32)
+        with torch.autocast(query.device.type, enabled=False):
+            tau_bh = tau.to(acc).repeat(batch)[:, None, None]
+            bias_bh = bias.to(acc).repeat(batch)[:, None, None]
+            q = query.to(acc).reshape(batch * heads, l_q, dim)
+            q_scaled = q * tau_bh
+            k = key.to(acc).reshape(batch * heads, l_k, dim)
+            v = value.to(acc).reshape(batch * heads, l_k, dim)
+            do = grad_out.to(acc).reshape(batch * heads, l_q, dim)
+            g = torch.empty_like(q)  # ds K: dq / tau
+            dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+            dbias = q.new_zeros(batch * heads)
+            for start, end, keys in _panels(l_q, l_k, ctx.causal, PANEL_ROWS):
+                gate = _panel_gates(q_scaled, k, bias_bh, start, end, keys, l_k - l_q, ctx.causal, key_padding_mask)
+                do_p = do[:, start:end]
+                dv[:, :keys].baddbmm_(gate.transpose(1, 2), do_p)
+                ds = torch.bmm(do_p, v[:, :keys].transpose(1, 2)).mul_(gate)  # dP a
+                ds.addcmul_(ds, gate, value=-1.0)  # dP a (1 - a); hidden pairs: a = 0 -> 0
+                torch.bmm(ds, k[:, :keys], out=g[:, start:end])
+                dk[:, :keys].baddbmm_(ds.transpose(1, 2), q_scaled[:, start:end])
+                dbias += ds.sum(dim=(1, 2))
+            dtau = (g * q).sum(dim=(1, 2))
+            dq = g.mul_(tau_bh)
+        shape = (batch, heads, -1, dim)
+        return (
+            dq.view(shape).to(query.dtype),
+            dk.view(shape).to(key.dtype),
+            dv.view(shape).to(value.dtype),
+            dtau.view(batch, heads).sum(0).to(tau.dtype),
+            dbias.view(batch, heads).sum(0).to(bias.dtype),
+            None,
+            None,
+        )
+
+
+def pct_attention_tiled(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    tau: torch.Tensor | float,
+    bias: torch.Tensor | float,
+    *,
+    causal: bool = True,
+    key_padding_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """PCT sigmoid attention in query panels with a recomputing backward (module doc); any device and dtype."""
+    tau, bias, key_padding_mask = prepare_inputs(query, key, value, tau, bias, key_padding_mask)
+    return _PCTAttentionTiled.apply(query, key, value, tau, bias, key_padding_mask, bool(causal))
+
+
+__all__ = ["PANEL_ROWS", "pct_attention_tiled"]
