@@ -205,9 +205,34 @@ def main(argv: list[str] | None = None) -> None:
                 f.flush()
                 os.fsync(f.fileno())
     if args.render:
-        from ablation_report import render_calibration
+        render()
 
-        render_calibration(TRIALS_FILE, RESULTS / "calibration_medium")
+
+CHOSEN = {"mqar": "mqar_p4q8r", "passkey": "passkey_96"}
+
+
+def render() -> None:
+    """calibration_medium.{json,md}: the medium budgets, the suite's baseline rows, every trial."""
+    from dataclasses import asdict
+
+    from ablation import SIZES, current_rows, read_rows
+    from ablation_report import render_calibration
+    from ablation_runs import task_seq_len
+
+    spec = SIZES["medium"]
+    rows = current_rows(read_rows(RESULTS / "ablation_medium.jsonl"), spec)
+    baseline = [r for r in rows if r["variant"] == "baseline" and r.get("status") == "ok"]
+    lengths = {task: task_seq_len(task, b.params) for task, b in spec.budgets.items()}
+    text = render_calibration(
+        TRIALS_FILE,
+        RESULTS / "calibration_medium",
+        CHOSEN,
+        baseline,
+        asdict(spec),
+        lengths,
+        "python benchmarks/ablation.py --size medium",
+    )
+    print(text)
 
 
 if __name__ == "__main__":
