@@ -2,11 +2,14 @@
 
 Forward + backward of one op call, B=1, causal:
 
-GPA, H=2 heads, c=2 multivector channels per head (D=64):
-* `gpa-reference`  `gpa_reference`: materialises the [B, H, L, L, 11] scalar/bivector products
-* `gpa-triton`     `gpa_triton`, the flash-style kernel (CUDA only: on CPU Triton only has its
-                   interpreter, a correctness tool, not a fast path)
-* `sdpa-scalar`    `gpa_scalar_sdpa`: the gamma = 0 special case through SDPA (a baseline: the scalar part only)
+GPA, H=2 heads, c=2 multivector channels per head (D=64), `geometric_product_attention(kernel=...)`:
+* `gpa-naive`      materialises the [B, H, L, L, 11] scalar/bivector products (the reference)
+* `gpa-chunked`    query panels x causal key blocks, online softmax, recomputing backward: O(L) memory
+* `gpa-triton`     the flash-style kernel (CUDA only: on CPU Triton only has its interpreter)
+* `sdpa`           torch SDPA softmax attention on the same q, k, v (the baseline of the ratios)
+On CPU the GPA times come from one process per L that runs the methods interleaved, round after round
+(`--gpa-rounds`, medians), so the ratios to SDPA share the machine's load; peak memory comes from a
+fresh process per method and L.
 
 RRA, H=4 rotor heads, c=2 value channels per head (the whole op: rotor exponentials, scan, sandwich):
 * `rra-sequential` the loop R_t = R_{t-1} dR_t
@@ -17,7 +20,7 @@ Each point runs in a fresh subprocess. Peak memory is the growth of peak RSS ove
 op (CPU) or `torch.cuda.max_memory_allocated` above the inputs (CUDA). `us/token` = time / (B * L): flat
 in L means linear scaling.
 
-Usage:  python benchmarks/bench_versor.py [--gpa-lengths 256 512 1024] [--rra-lengths 1024 4096 16384 65536]
+Usage:  python benchmarks/bench_versor.py [--gpa-lengths 512 1024 2048 4096] [--rra-lengths 1024 4096 16384 65536]
 Writes benchmarks/results/versor_bench_cpu.md, and versor_bench_cuda.md (GPU rows, fp32 and bf16 for GPA)
 when CUDA is available.
 """
@@ -33,7 +36,9 @@ from pathlib import Path
 from measure import peak_rss_growth, rss_bytes, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
-GPA_METHODS = ("gpa-reference", "gpa-triton", "sdpa-scalar")
+GPA_METHODS = ("gpa-naive", "gpa-chunked", "gpa-triton", "sdpa")
+GPA_CPU_METHODS = ("sdpa", "gpa-chunked", "gpa-naive")
+GPA_HEADS, GPA_CHANNELS = 2, 2
 RRA_METHODS = ("rra-sequential", "rra-chunked", "rra-triton")
 
 
@@ -42,7 +47,6 @@ def worker(method: str, length: int, device: str, dtype_name: str) -> dict:
 
     if device == "cpu":
         torch.set_num_threads(1)  # small ops; reproducible on a shared machine
-    from zpx_hf.ops_gpa import gpa_reference, gpa_scalar_sdpa, gpa_triton
     from zpx_hf.ops_rra import recursive_rotor_accumulator
 
     torch.manual_seed(0)
@@ -58,16 +62,7 @@ def worker(method: str, length: int, device: str, dtype_name: str) -> dict:
 
         leaves = (bivectors, values)
     else:
-        heads, dim = 2, 64
-        q, k, v = (torch.randn(1, heads, length, dim, device=device, dtype=dtype).requires_grad_() for _ in range(3))
-        gamma = torch.full((heads,), 0.1, device=device, requires_grad=True)
-        ops = {
-            "gpa-reference": lambda: gpa_reference(q, k, v, gamma, is_causal=True)[0],
-            "gpa-triton": lambda: gpa_triton(q, k, v, gamma, is_causal=True)[0],
-            "sdpa-scalar": lambda: gpa_scalar_sdpa(q, k, v, is_causal=True),
-        }
-        op = ops[method]
-        leaves = (q, k, v, gamma)
+        op, leaves = gpa_op(method, length, device, dtype)
 
     def step() -> None:
         op().float().sum().backward()
@@ -92,6 +87,93 @@ def worker(method: str, length: int, device: str, dtype_name: str) -> dict:
         peak = peak_rss_growth(base)
     seconds = (time.perf_counter() - start) / repeats
     return {"ms": seconds * 1e3, "us_per_token": seconds * 1e6 / length, "peak_mib": max(peak, 0) / 2**20}
+
+
+def gpa_op(method: str, length: int, device: str, dtype):
+    """(op, leaves): one GPA method (or the SDPA baseline) on B=1, H=GPA_HEADS, D=32*GPA_CHANNELS inputs."""
+    import torch
+    import torch.nn.functional as F
+
+    from zpx_hf.ops_gpa import geometric_product_attention
+
+    generator = torch.Generator(device=device).manual_seed(0)
+    shape = (1, GPA_HEADS, length, 32 * GPA_CHANNELS)
+    q, k, v = (torch.randn(shape, device=device, generator=generator).to(dtype).requires_grad_() for _ in range(3))
+    gamma = torch.full((GPA_HEADS,), 0.1, device=device, requires_grad=True)
+    if method == "sdpa":
+        return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), (q, k, v)
+    kernel = method.removeprefix("gpa-")
+    return (lambda: geometric_product_attention(q, k, v, gamma, causal=True, kernel=kernel)), (q, k, v, gamma)
+
+
+def gpa_time_worker(length: int, methods: list[str], rounds: int) -> dict:
+    """CPU, 1 thread: the methods' forward + backward interleaved, `rounds` times; median ms per method."""
+    import statistics
+
+    import torch
+
+    torch.set_num_threads(1)
+    steps = {}
+    for method in methods:
+        op, leaves = gpa_op(method, length, "cpu", torch.float32)
+
+        def step(op=op, leaves=leaves) -> float:
+            start = time.perf_counter()
+            op().sum().backward()
+            for leaf in leaves:
+                leaf.grad = None
+            return (time.perf_counter() - start) * 1e3
+
+        step()  # warm-up
+        steps[method] = step
+    times = {method: [] for method in methods}
+    for _ in range(rounds):
+        for method, step in steps.items():
+            times[method].append(step())
+    return {method: statistics.median(values) for method, values in times.items()}
+
+
+def gpa_cpu_sweep(lengths: list[int], rounds: int, naive_max: int) -> dict:
+    """{(method, L): {"ms", "peak_mib"}}: interleaved medians for time, a fresh process per point for memory."""
+    rows = {}
+    for length in lengths:
+        methods = [m for m in GPA_CPU_METHODS if m != "gpa-naive" or length <= naive_max]
+        times = run_worker(__file__, ["gpa-time", length, methods, rounds])
+        for method in methods:
+            memory = run_worker(__file__, [method, length, "cpu", "float32"])
+            if "error" in times or "error" in memory:
+                rows[(method, length)] = {"error": times.get("error") or memory["error"]}
+            else:
+                rows[(method, length)] = {"ms": times[method], "peak_mib": memory["peak_mib"]}
+            print(method, length, rows[(method, length)], flush=True)
+    return rows
+
+
+def gpa_ratio_table(rows: dict, lengths: list[int], rounds: int) -> list[str]:
+    """Per L and method: median ms, x SDPA time, peak MiB, x SDPA memory."""
+    lines = [
+        f"GPA, forward + backward, B=1, H={GPA_HEADS}, {GPA_CHANNELS} multivector channels per head "
+        f"(D={32 * GPA_CHANNELS}), causal, float32, 1 thread; time = median of {rounds} interleaved rounds, "
+        "ratios to SDPA from the same process:",
+        "",
+        "| L | method | ms | x SDPA time | peak MiB | x SDPA memory |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for length in lengths:
+        base = rows.get(("sdpa", length), {})
+        for method in GPA_CPU_METHODS:
+            row = rows.get((method, length))
+            if row is None:
+                continue
+            if "error" in row or "error" in base:
+                lines.append(f"| {length} | {method} | failed ({(row.get('error') or base['error'])[:40]}) | | | |")
+                continue
+            memory_ratio = row["peak_mib"] / max(base["peak_mib"], 1.0)
+            lines.append(
+                f"| {length} | {method} | {row['ms']:,.1f} | {row['ms'] / base['ms']:.1f} | "
+                f"{row['peak_mib']:,.0f} | {memory_ratio:.1f} |"
+            )
+    return lines + [""]
 
 
 def table(rows: dict, lengths: list[int], methods: list[str], title: str) -> list[str]:
@@ -125,20 +207,23 @@ def sweep(methods, lengths, device, dtype, limits) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--gpa-lengths", type=int, nargs="+", default=[256, 512, 1024])
+    parser.add_argument("--gpa-lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    parser.add_argument("--gpa-rounds", type=int, default=5, help="interleaved timing rounds per L (CPU)")
+    parser.add_argument("--gpa-naive-max", type=int, default=2048, help="longest L for the O(L^2) reference")
     parser.add_argument("--rra-lengths", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
     parser.add_argument("--sequential-max", type=int, default=16384, help="longest L for the Python loop")
     parser.add_argument("--cuda-gpa-lengths", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--cuda-rra-lengths", type=int, nargs="+", default=[4096, 16384, 65536])
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(*json.loads(args.worker))))
+        spec = json.loads(args.worker)
+        print(json.dumps(gpa_time_worker(*spec[1:]) if spec[0] == "gpa-time" else worker(*spec)))
         return
 
     import torch
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    cpu_gpa = sweep(("gpa-reference", "sdpa-scalar"), args.gpa_lengths, "cpu", "float32", {})
+    cpu_gpa = gpa_cpu_sweep(args.gpa_lengths, args.gpa_rounds, args.gpa_naive_max)
     cpu_rra = sweep(
         ("rra-sequential", "rra-chunked"), args.rra_lengths, "cpu", "float32", {"rra-sequential": args.sequential_max}
     )
@@ -146,12 +231,7 @@ def main() -> None:
         f"# Versor benchmark (CPU, {os.cpu_count()} cores, torch {torch.__version__}, 1 thread per run)",
         "",
     ]
-    lines += table(
-        cpu_gpa,
-        args.gpa_lengths,
-        ["gpa-reference", "sdpa-scalar"],
-        "GPA, forward + backward, B=1, H=2, D=64 (2 multivectors per head), causal, float32:",
-    )
+    lines += gpa_ratio_table(cpu_gpa, args.gpa_lengths, args.gpa_rounds)
     lines += table(
         cpu_rra,
         args.rra_lengths,
@@ -168,7 +248,7 @@ def main() -> None:
     if torch.cuda.is_available():
         lines = [f"# Versor benchmark ({torch.cuda.get_device_name()}, torch {torch.__version__})", ""]
         for dtype in ("float32", "bfloat16"):
-            rows = sweep(GPA_METHODS, args.cuda_gpa_lengths, "cuda", dtype, {"gpa-reference": 4096})
+            rows = sweep(GPA_METHODS, args.cuda_gpa_lengths, "cuda", dtype, {"gpa-naive": 4096})
             lines += table(rows, args.cuda_gpa_lengths, list(GPA_METHODS), f"GPA, forward + backward, {dtype}:")
         rows = sweep(RRA_METHODS, args.cuda_rra_lengths, "cuda", "float32", {"rra-sequential": 16384})
         lines += table(rows, args.cuda_rra_lengths, list(RRA_METHODS), "RRA, forward + backward, float32:")
