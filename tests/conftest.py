@@ -32,7 +32,7 @@ def pytest_collection_modifyitems(config, items):
 # One tiny configuration per family (and per Versor mixer), shared by every model test.
 TINY_CONFIGS = {
     "zpx": dict(hidden_size=32, intermediate_size=64, phase_channels=4),
-    "pct": dict(hidden_size=16, intermediate_size=32),
+    "pct": dict(hidden_size=32, intermediate_size=64),
     "versor-rra": dict(mixer="rra", hidden_size=128, intermediate_size=128, initializer_range=0.2),
     "versor-gpa": dict(mixer="gpa", hidden_size=128, intermediate_size=128, initializer_range=0.2),
     "versor-hybrid": dict(mixer="hybrid", hidden_size=128, intermediate_size=128, initializer_range=0.2),

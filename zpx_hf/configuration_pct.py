@@ -13,10 +13,12 @@ TAU_MODES = ("sqrt_d", "inv_sqrt_d", "learnable")
 class PCTConfig(GeometricConfig):
     """Configuration of a PCT model (SPEC §3). Shared fields: see `GeometricConfig`.
 
-    Widths are counted in complex features: the residual stream holds `hidden_size` complex numbers,
-    stored as `2 * hidden_size` real values `[re | im]`; `head_dim` is the complex head dim `d` (the
-    attention kernel works on the real head dim `2d`); `intermediate_size` is the complex width of the
-    feed-forward layer.
+    Widths count real features, as for every HF model (PEFT, DeepSpeed "auto" settings and serving engines
+    size tensors by `hidden_size`): the residual stream holds `hidden_size / 2` complex numbers stored as
+    `hidden_size` real values `[re | im]`; `head_dim` is the real head width `2d` of complex head dim
+    `d = head_dim / 2`; `intermediate_size` is the real width of the feed-forward layer. All three must be
+    even. Checkpoints saved before this convention (widths in complex features, no `width_unit` field)
+    are converted when loaded.
 
     Args:
         tau: temperature of `s_ij = tau * Re<qn_i, kn_j>`: `"sqrt_d"` (default), `"inv_sqrt_d"`,
@@ -26,6 +28,8 @@ class PCTConfig(GeometricConfig):
         qk_norm_eps: epsilon of the complex L2 normalisation of queries and keys.
         attention_bias: complex biases on the q/k/v/o projections.
         mlp_bias: complex biases in the feed-forward layer.
+        width_unit: `"real"` (default); `"complex"` reads `hidden_size`, `head_dim` and `intermediate_size` as
+            complex counts (the convention of earlier checkpoints) and converts them.
     """
 
     model_type = "pct"
@@ -37,6 +41,7 @@ class PCTConfig(GeometricConfig):
         qk_norm_eps: float = 1e-6,
         attention_bias: bool = False,
         mlp_bias: bool = False,
+        width_unit: str | None = None,
         **kwargs: Any,
     ) -> None:
         self.tau = tau
@@ -47,12 +52,32 @@ class PCTConfig(GeometricConfig):
         pop_removed_fields(
             kwargs, {"attention_kernel": "choose the path with attn_implementation ('eager' or 'sdpa')."}
         )
+        if width_unit is None:
+            # A saved config.json carries `transformers_version`; without `width_unit` it predates real widths.
+            width_unit = "complex" if "transformers_version" in kwargs else "real"
+        if width_unit == "complex":
+            for field in ("hidden_size", "intermediate_size", "head_dim"):
+                if isinstance(kwargs.get(field), int):
+                    kwargs[field] *= 2
+        elif width_unit != "real":
+            raise ValueError(f"config field `width_unit`={width_unit!r} is invalid: expected 'real' or 'complex'.")
+        self.width_unit = "real"
         super().__init__(**kwargs)
 
     @property
-    def rotary_dim(self) -> int:
-        """Complex features rotate one pair each: [re | im] of head dim d gives 2d real features."""
-        return 2 * self.head_dim
+    def complex_hidden_size(self) -> int:
+        """Complex features of the residual stream."""
+        return self.hidden_size // 2
+
+    @property
+    def complex_head_dim(self) -> int:
+        """Complex head dim d."""
+        return self.head_dim // 2
+
+    @property
+    def complex_intermediate_size(self) -> int:
+        """Complex width of the feed-forward layer."""
+        return self.intermediate_size // 2
 
     field_rules = {
         **GeometricConfig.field_rules,
@@ -63,6 +88,13 @@ class PCTConfig(GeometricConfig):
     }
 
     def _validate_family(self) -> None:
+        for field in ("hidden_size", "head_dim", "intermediate_size"):
+            if getattr(self, field) % 2:
+                _fail(
+                    field,
+                    getattr(self, field),
+                    "PCT widths count real features [re | im] of complex ones: use an even number.",
+                )
         if isinstance(self.tau, str):
             check_field("tau", self.tau, Rule("choice", choices=TAU_MODES))
         else:
@@ -78,9 +110,9 @@ class PCTConfig(GeometricConfig):
     def initial_tau(self) -> float:
         """tau at initialisation (the fixed value unless `tau="learnable"`)."""
         if self.tau == "inv_sqrt_d":
-            return self.head_dim**-0.5
+            return self.complex_head_dim**-0.5
         if self.tau in ("sqrt_d", "learnable"):
-            return math.sqrt(self.head_dim)
+            return math.sqrt(self.complex_head_dim)
         return float(self.tau)
 
 

@@ -67,6 +67,16 @@ def resolve_forward_flags(
     return bool(output_attentions), bool(output_hidden_states), bool(return_dict), bool(use_cache)
 
 
+def trim_static_cache(
+    key: torch.Tensor, value: torch.Tensor, kv_length: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys/values of the first `kv_length` positions: a static cache returns its whole preallocated length,
+    whose unfilled tail must not be attended to."""
+    if kv_length is None or key.shape[-2] == kv_length:
+        return key, value
+    return key[..., :kv_length, :], value[..., :kv_length, :]
+
+
 class GeometricPreTrainedModel(PreTrainedModel):
     """Base of every family's `PreTrainedModel`.
 
@@ -92,6 +102,11 @@ class GeometricPreTrainedModel(PreTrainedModel):
             hf_init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, RMSNorm):
             hf_init.ones_(module.weight)
+
+    def create_masks_for_generate(self, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        """`generate` with a compileable (static) cache would build 4-D softmax masks here; every family takes the
+        2-D padding mask and builds what its mixer needs, so the mask is passed through."""
+        return attention_mask
 
     def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> Any:
         # HF writes `auto_map` only for the saved class; a checkpoint should open through every Auto
@@ -120,6 +135,7 @@ class GeometricDecoderLayer(GradientCheckpointingLayer):
         padding_mask: torch.Tensor | None = None,
         past_key_values: Any = None,
         output_attentions: bool = False,
+        kv_length: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
         residual = hidden_states
         mixed, weights, extra = self.token_mixer(
@@ -128,6 +144,7 @@ class GeometricDecoderLayer(GradientCheckpointingLayer):
             padding_mask=padding_mask,
             past_key_values=past_key_values,
             output_attentions=output_attentions,
+            kv_length=kv_length,
         )
         hidden_states = residual + mixed
         hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
@@ -222,6 +239,7 @@ class GeometricModel(GeometricPreTrainedModel):
                 padding_mask=padding_mask,
                 past_key_values=past_key_values,
                 output_attentions=output_attentions,
+                kv_length=past_length + length,
             )
             extras.append(extra)
             if output_attentions:
@@ -411,6 +429,7 @@ __all__ = [
     "ATTENTION_IMPLEMENTATIONS",
     "attention_implementation",
     "resolve_forward_flags",
+    "trim_static_cache",
     "GeometricPreTrainedModel",
     "GeometricDecoderLayer",
     "GeometricModel",

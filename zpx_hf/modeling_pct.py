@@ -1,8 +1,8 @@
 """PCT models: complex Phase-Coherent Transformer with non-competitive sigmoid attention (SPEC §3).
 
 Complex hidden states throughout, stored as real `[re | im]` tensors (see `modeling_complex.py`):
-`hidden_states` and `last_hidden_state` are [B, L, 2 * hidden_size]. Attention per head, complex
-head dim d:
+`hidden_states` and `last_hidden_state` are [B, L, hidden_size] (`hidden_size` counts real features).
+Attention per head, complex head dim d = head_dim / 2:
 
     qn = q / ||q||, kn = k / ||k||                          complex L2 norm (eps inside the root)
     q' = qn r(p) e^{i Theta(p)}, k' likewise                SRPE/RoPE in complex form, after the
@@ -34,6 +34,7 @@ from .modeling_common import (
     GeometricModel,
     GeometricPreTrainedModel,
     attention_implementation,
+    trim_static_cache,
 )
 from .modeling_complex import ComplexEmbedding, ComplexLinear, ComplexRMSNorm, ModReLU, complex_rotate
 from .ops_pct import pct_attention, pct_attention_weights
@@ -94,13 +95,14 @@ class PCTAttention(nn.Module):
         self.config = config
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
-        self.head_dim = config.head_dim
+        self.head_dim = config.complex_head_dim
         self.is_causal = config.causal
         inner = self.num_heads * self.head_dim
-        self.q_proj = ComplexLinear(config.hidden_size, inner, bias=config.attention_bias)
-        self.k_proj = ComplexLinear(config.hidden_size, inner, bias=config.attention_bias)
-        self.v_proj = ComplexLinear(config.hidden_size, inner, bias=config.attention_bias)
-        self.o_proj = ComplexLinear(inner, config.hidden_size, bias=config.attention_bias)
+        width = config.complex_hidden_size
+        self.q_proj = ComplexLinear(width, inner, bias=config.attention_bias)
+        self.k_proj = ComplexLinear(width, inner, bias=config.attention_bias)
+        self.v_proj = ComplexLinear(width, inner, bias=config.attention_bias)
+        self.o_proj = ComplexLinear(inner, width, bias=config.attention_bias)
         # b_h, initialised at -log(n) by `_init_weights`
         self.gate_bias = nn.Parameter(torch.empty(self.num_heads))
         if config.tau == "learnable":
@@ -131,6 +133,7 @@ class PCTAttention(nn.Module):
         padding_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         output_attentions: bool = False,
+        kv_length: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
         eps = self.config.qk_norm_eps
         query = complex_l2_normalize(self._split_heads(self.q_proj(hidden_states)), eps)
@@ -141,6 +144,7 @@ class PCTAttention(nn.Module):
             query, key = complex_rotate(query, cos, sin), complex_rotate(key, cos, sin)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
+            key, value = trim_static_cache(key, value, kv_length)
 
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
             attention_implementation(self.config, output_attentions), pct_attention_eager
@@ -163,9 +167,10 @@ class PCTMLP(nn.Module):
 
     def __init__(self, config: PCTConfig) -> None:
         super().__init__()
-        self.up_proj = ComplexLinear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
-        self.act_fn = ModReLU(config.intermediate_size)
-        self.down_proj = ComplexLinear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        width, inner = config.complex_hidden_size, config.complex_intermediate_size
+        self.up_proj = ComplexLinear(width, inner, bias=config.mlp_bias)
+        self.act_fn = ModReLU(inner)
+        self.down_proj = ComplexLinear(inner, width, bias=config.mlp_bias)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.up_proj(z)))
@@ -176,8 +181,8 @@ class PCTDecoderLayer(GeometricDecoderLayer):
         super().__init__()
         self.self_attn = PCTAttention(config, layer_idx)
         self.mlp = PCTMLP(config)
-        self.input_layernorm = ComplexRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = ComplexRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = ComplexRMSNorm(config.complex_hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = ComplexRMSNorm(config.complex_hidden_size, eps=config.rms_norm_eps)
 
     @property
     def token_mixer(self) -> PCTAttention:
@@ -212,16 +217,16 @@ class PCTPreTrainedModel(GeometricPreTrainedModel):
 
 
 class PCTModel(GeometricModel, PCTPreTrainedModel):
-    """Shared backbone with complex layers; `inputs_embeds`, when given, are [B, L, 2 * hidden_size] ([re | im])."""
+    """Shared backbone with complex layers; `inputs_embeds`, when given, are [B, L, hidden_size] ([re | im])."""
 
     def __init__(self, config: PCTConfig) -> None:
         super().__init__(config)
         self.padding_idx = config.pad_token_id
-        self.embed_tokens = ComplexEmbedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        self.embed_tokens = ComplexEmbedding(config.vocab_size, config.complex_hidden_size, self.padding_idx)
         self.layers = nn.ModuleList([PCTDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
-        self.norm = ComplexRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.feature_size = 2 * config.hidden_size  # real features per token read by the heads: [re | im]
-        # One rotary pair per complex feature (`config.rotary_dim` = 2d real features).
+        self.norm = ComplexRMSNorm(config.complex_hidden_size, eps=config.rms_norm_eps)
+        self.feature_size = config.hidden_size  # real features per token read by the heads: [re | im]
+        # One rotary pair per complex feature (`config.rotary_dim` = head_dim = 2d real features).
         self.rotary_emb = build_rotary(config)
         self.gradient_checkpointing = False
         self.post_init()

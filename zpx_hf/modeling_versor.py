@@ -221,6 +221,7 @@ class VersorGPA(nn.Module):
         padding_mask: torch.Tensor | None = None,
         past_key_values: VersorCache | None = None,
         output_attentions: bool = False,
+        kv_length: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
         batch, length = hidden_states.shape[:2]
         query, key, value = self.project(hidden_states)
@@ -275,6 +276,7 @@ class VersorRRA(nn.Module):
         padding_mask: torch.Tensor | None = None,
         past_key_values: VersorCache | None = None,
         output_attentions: bool = False,
+        kv_length: int | None = None,
     ) -> tuple[torch.Tensor, None, None]:
         batch, length = hidden_states.shape[:2]
         bivectors = self.bivectors(hidden_states)

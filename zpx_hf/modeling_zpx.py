@@ -27,6 +27,7 @@ from .modeling_common import (
     GeometricModel,
     GeometricPreTrainedModel,
     attention_implementation,
+    trim_static_cache,
 )
 from .ops_zpx import (
     PhaseState,
@@ -113,6 +114,7 @@ class ZPXAttention(nn.Module):
         padding_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         output_attentions: bool = False,
+        kv_length: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, PhaseState]:
         batch, length = hidden_states.shape[:2]
         hidden_shape = (batch, length, self.num_heads, self.head_dim)
@@ -128,6 +130,7 @@ class ZPXAttention(nn.Module):
         key_aug = torch.cat((key, features), dim=-1)
         if past_key_values is not None:
             key_aug, value = past_key_values.update(key_aug, value, self.layer_idx)
+            key_aug, value = trim_static_cache(key_aug, value, kv_length)
 
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
             attention_implementation(self.config, output_attentions), zpx_attention_naive
