@@ -1,0 +1,325 @@
+"""Training-step time and greedy generation speed of every family, as ratios to a LlamaForCausalLM.
+
+    python benchmarks/bench_step.py                        # full grid (CPU, 1 thread), writes results
+    python benchmarks/bench_step.py --quick                # smoke run: tiny sizes, prints only
+    python benchmarks/bench_step.py --families pct versor-rra
+
+Models (vocabulary 260, 4 layers, 4 heads; every model through the public `AutoModelForCausalLM.from_config`
+with `attn_implementation="sdpa"`, each family's fast path, falling back to the class default):
+  llama          transformers `LlamaForCausalLM`, hidden 256, intermediate 688: the baseline
+  zpx            `ZPXConfig`, same sizes as Llama (8 phase channels, SRPE)
+  pct            `PCTConfig`, parameter-matched to Llama: complex hidden and intermediate widths chosen so
+                 the parameter count equals Llama's (a complex weight is 2 parameters, 4 real multiplies)
+  versor-rra     `VersorConfig(mixer="rra")`, hidden 256 (8 multivectors), intermediate 512
+  versor-gpa     same with `mixer="gpa"`
+  versor-hybrid  same with `mixer="hybrid"`
+
+Training step: forward + backward + AdamW at B=4, L=256 and L=1024 (labels = inputs). Generation: greedy
+`generate`, batch 1, a 32-token prompt, exactly 256 new tokens with the KV / recurrent cache; tokens/s =
+256 / time. Each measurement runs in a fresh worker process with 1 torch thread; inside it the models
+take turns (the order alternates every round) so background load hits them alike; each number is the
+median over the rounds after a warm-up round, and ratios to Llama come from the same rounds.
+Writes benchmarks/results/bench_step.md and bench_step.csv (not with --quick).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from measure import run_worker  # benchmarks/measure.py
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FAMILIES = ("zpx", "pct", "versor-rra", "versor-gpa", "versor-hybrid")
+FULL = {"hidden": 256, "intermediate": 688, "layers": 4, "heads": 4, "batch": 4, "lengths": [256, 1024],
+        "prompt": 32, "new_tokens": 256, "train_rounds": 6, "generate_rounds": 6}  # fmt: skip
+QUICK = {"hidden": 64, "intermediate": 172, "layers": 2, "heads": 2, "batch": 2, "lengths": [32],
+         "prompt": 8, "new_tokens": 8, "train_rounds": 3, "generate_rounds": 3}  # fmt: skip
+VOCAB = 260
+
+
+def llama_config(size: dict) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=size["hidden"],
+        intermediate_size=size["intermediate"],
+        num_hidden_layers=size["layers"],
+        num_attention_heads=size["heads"],
+        max_position_embeddings=4096,
+    )
+
+
+def count_parameters(config: Any) -> int:
+    """Parameters of the causal-LM model built from `config` (on the meta device: nothing allocated)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def matched_pct_config(size: dict, target: int) -> Any:
+    """PCTConfig whose parameter count is closest to `target`: the complex hidden width near hidden / sqrt(2)
+    (a multiple of the head count), the complex intermediate width solved from the linear parameter count."""
+    from zpx_hf import PCTConfig
+
+    heads = size["heads"]
+    common = dict(vocab_size=VOCAB, num_hidden_layers=size["layers"], num_attention_heads=heads)
+    common["max_position_embeddings"] = 4096
+    best = None
+    centre = round(size["hidden"] / 2**0.5 / heads) * heads
+    for hidden in (centre - heads, centre, centre + heads):
+        low, high = hidden, 4 * hidden
+        p_low = count_parameters(PCTConfig(hidden_size=hidden, intermediate_size=low, **common))
+        p_high = count_parameters(PCTConfig(hidden_size=hidden, intermediate_size=high, **common))
+        per_unit = (p_high - p_low) / (high - low)
+        intermediate = max(1, round(low + (target - p_low) / per_unit))
+        config = PCTConfig(hidden_size=hidden, intermediate_size=intermediate, **common)
+        gap = abs(count_parameters(config) - target)
+        if best is None or gap < best[0]:
+            best = (gap, config)
+    return best[1]
+
+
+def family_config(family: str, size: dict, llama_params: int) -> Any:
+    from zpx_hf import VersorConfig, ZPXConfig
+
+    common = dict(
+        vocab_size=VOCAB,
+        num_hidden_layers=size["layers"],
+        num_attention_heads=size["heads"],
+        max_position_embeddings=4096,
+    )
+    if family == "zpx":
+        return ZPXConfig(hidden_size=size["hidden"], intermediate_size=size["intermediate"], phase_channels=8, **common)
+    if family == "pct":
+        return matched_pct_config(size, llama_params)
+    if family.startswith("versor-"):
+        return VersorConfig(
+            hidden_size=size["hidden"], intermediate_size=2 * size["hidden"], mixer=family.split("-")[1], **common
+        )
+    raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}.")
+
+
+def build(name: str, size: dict, llama_params: int) -> Any:
+    """The model `name` (llama or a family) through AutoModelForCausalLM.from_config, in train mode."""
+    from transformers import AutoModelForCausalLM
+
+    import zpx_hf  # noqa: F401  (registers the families with the Auto classes)
+
+    config = llama_config(size) if name == "llama" else family_config(name, size, llama_params)
+    try:
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    except ValueError:  # a class that does not declare SDPA support: its default implementation
+        model = AutoModelForCausalLM.from_config(config)
+    return model
+
+
+def build_all(names: list[str], size: dict) -> tuple[dict, dict]:
+    """({name: model}, {name: error}) with the same seed for every model."""
+    import torch
+
+    llama_params = count_parameters(llama_config(size))
+    models, errors = {}, {}
+    for name in names:
+        torch.manual_seed(0)
+        try:
+            models[name] = build(name, size, llama_params)
+        except Exception as error:  # noqa: BLE001 - one family failing must not end the benchmark
+            errors[name] = f"{type(error).__name__}: {error}"[:200]
+    return models, errors
+
+
+def interleaved(run: dict, rounds: int) -> tuple[dict, dict]:
+    """({name: [seconds per round after the first]}, {name: error}); the order alternates every round."""
+    names = list(run)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    errors: dict[str, str] = {}
+    for index in range(rounds):
+        for name in names if index % 2 == 0 else names[::-1]:
+            if name in errors:
+                continue
+            start = time.perf_counter()
+            try:
+                run[name]()
+            except Exception as error:  # noqa: BLE001
+                errors[name] = f"{type(error).__name__}: {error}"[:200]
+                continue
+            if index > 0:
+                times[name].append(time.perf_counter() - start)
+    return times, errors
+
+
+def summarise(times: dict, errors: dict, build_errors: dict, models: dict) -> dict:
+    out = {}
+    for name in list(models) + list(build_errors):
+        if name in build_errors or name in errors:
+            out[name] = {"error": build_errors.get(name) or errors[name]}
+        else:
+            params = sum(p.numel() for p in models[name].parameters())
+            out[name] = {"seconds": statistics.median(times[name]), "params": params}
+    return out
+
+
+def train_worker(names: list[str], size: dict, length: int) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    models, build_errors = build_all(names, size)
+    ids = torch.randint(3, VOCAB, (size["batch"], length), generator=torch.Generator().manual_seed(0))
+    steps = {}
+    for name, model in models.items():
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step(model=model, optimizer=optimizer) -> None:
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        steps[name] = step
+    times, errors = interleaved(steps, size["train_rounds"])
+    return summarise(times, errors, build_errors, models)
+
+
+def generate_worker(names: list[str], size: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    models, build_errors = build_all(names, size)
+    prompt = torch.randint(3, VOCAB, (1, size["prompt"]), generator=torch.Generator().manual_seed(0))
+    new = size["new_tokens"]
+    runs = {}
+    for name, model in models.items():
+        model.eval()
+
+        def run(model=model) -> None:
+            with torch.no_grad():
+                out = model.generate(
+                    input_ids=prompt,
+                    attention_mask=torch.ones_like(prompt),
+                    max_new_tokens=new,
+                    min_new_tokens=new,
+                    do_sample=False,
+                    use_cache=True,
+                    pad_token_id=0,
+                )
+            if out.shape[1] != prompt.shape[1] + new:
+                raise RuntimeError(f"generated {out.shape[1] - prompt.shape[1]} tokens, expected {new}")
+
+        runs[name] = run
+    times, errors = interleaved(runs, size["generate_rounds"])
+    return summarise(times, errors, build_errors, models)
+
+
+def report(results: dict, names: list[str], size: dict, command: str, seconds: float) -> tuple[list[str], list[dict]]:
+    """Markdown lines and CSV rows: each measurement with its ratio to Llama from the same worker."""
+    header = (
+        f"Training step and generation vs `LlamaForCausalLM` (CPU, 1 thread; `{command}`; {seconds / 60:.1f} min). "
+        f"Vocabulary {VOCAB}, {size['layers']} layers, {size['heads']} heads; Llama/ZPX hidden {size['hidden']}, "
+        f"intermediate {size['intermediate']}; PCT parameter-matched to Llama; Versor hidden {size['hidden']}. "
+        f"Medians over {size['train_rounds'] - 1} (training) / {size['generate_rounds'] - 1} (generation) "
+        "interleaved rounds after a warm-up; ratios to Llama from the same rounds."
+    )
+    columns = [f"train L={length} ms" for length in size["lengths"]]
+    columns += [f"train L={length} / Llama" for length in size["lengths"]]
+    columns += ["generate tok/s", "generate / Llama"]
+    lines = [header, "", "| model | params | " + " | ".join(columns) + " |", "|---|---:|" + "---:|" * len(columns)]
+    rows = []
+    for name in ["llama", *names]:
+        cells, row = [], {"model": name}
+        params = "-"
+        for kind in [f"train-{length}" for length in size["lengths"]] + ["generate"]:
+            result, base = results[kind].get(name, {}), results[kind].get("llama", {})
+            if "params" in result:
+                params = f"{result['params']:,}"
+                row["params"] = result["params"]
+            if "seconds" not in result:
+                row[kind] = "error: " + result.get("error", "not run")
+                continue
+            if kind == "generate":
+                value = size["new_tokens"] / result["seconds"]
+                ratio = value / (size["new_tokens"] / base["seconds"]) if "seconds" in base else float("nan")
+            else:
+                value = result["seconds"] * 1e3
+                ratio = result["seconds"] / base["seconds"] if "seconds" in base else float("nan")
+            row[kind], row[kind + " ratio"] = round(value, 2), round(ratio, 3)
+        for kind in [f"train-{length}" for length in size["lengths"]]:
+            cells.append(_cell(row, kind, "{:,.0f}"))
+        for kind in [f"train-{length}" for length in size["lengths"]]:
+            cells.append(_cell(row, kind + " ratio", "{:.2f}x"))
+        cells += [_cell(row, "generate", "{:,.1f}"), _cell(row, "generate ratio", "{:.2f}x")]
+        lines.append(f"| {name} | {params} | " + " | ".join(cells) + " |")
+        rows.append(row)
+    errors = [f"- {name} {kind}: {row[kind]}" for row in rows for kind in row if str(row[kind]).startswith("error")]
+    if errors:
+        lines += ["", "Failures:", *[line.replace("error: ", "") for line in errors]]
+    return lines, rows
+
+
+def _cell(row: dict, key: str, fmt: str) -> str:
+    value = row.get(key)
+    if isinstance(value, (int, float)):
+        return fmt.format(value)
+    base = key.removesuffix(" ratio")
+    return "failed" if str(row.get(base, "")).startswith("error") else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, few rounds, no files written")
+    parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        kind, names, size, *rest = json.loads(args.worker)
+        result = train_worker(names, size, *rest) if kind == "train" else generate_worker(names, size)
+        print(json.dumps(result))
+        return
+
+    size = QUICK if args.quick else FULL
+    names = [f for f in FAMILIES if f in args.families]
+    command = "python benchmarks/bench_step.py " + " ".join(sys.argv[1:])
+    started = time.perf_counter()
+    results: dict[str, dict] = {}
+    everyone = ["llama", *names]
+    for length in size["lengths"]:
+        results[f"train-{length}"] = _worker(["train", everyone, size, length])
+        print(f"train L={length}:", json.dumps(results[f"train-{length}"]), flush=True)
+    results["generate"] = _worker(["generate", everyone, size])
+    print("generate:", json.dumps(results["generate"]), flush=True)
+    lines, rows = report(results, names, size, command.strip(), time.perf_counter() - started)
+    print("\n".join(lines))
+    if args.quick:
+        return
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "bench_step.md").write_text("\n".join(lines) + "\n")
+    fields = ["model", "params"] + [k for kind in results for k in (kind, kind + " ratio")]
+    with open(RESULTS / "bench_step.csv", "w", newline="") as f:
+        f.write(f"# {command.strip()}\n")
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({key: row.get(key, "") for key in fields})
+
+
+def _worker(spec: list) -> dict:
+    """A worker's result, or the same error for every model when the worker itself failed."""
+    result = run_worker(__file__, spec, timeout=3600)
+    if "error" in result and len(result) == 1:
+        return {name: {"error": result["error"]} for name in spec[1]}
+    return result
+
+
+if __name__ == "__main__":
+    main()
