@@ -124,7 +124,16 @@ SIZES = {
 }
 DEFAULT_VARIANTS = {
     "small": list(v for v in VARIANTS if v != "zpx_full"),
-    "medium": ["baseline", "softmax_srpe", "zpx_full", "pct", "versor_hybrid", "versor_gpa", "versor_rra"],
+    "medium": [
+        "baseline",
+        "softmax_srpe",
+        "zpx_full",
+        "pct",
+        "versor_hybrid",
+        f"versor_hybrid{TIME_SUFFIX}",
+        "versor_gpa",
+        "versor_rra",
+    ],
     "full": list(VARIANTS),
 }
 ORDER = {"zpx": 0, "pct": 1, "versor": 2}  # cheap families first: PCT and Versor are the slow ones on CPU
