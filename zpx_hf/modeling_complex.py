@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .modeling_blocks import upcast
+
 
 def complex_parts(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., 2n] laid out [re | im] -> (re, im), each [..., n]."""
@@ -102,7 +104,8 @@ class ComplexEmbedding(nn.Embedding):
 
 
 class ComplexRMSNorm(nn.Module):
-    """z_m -> w_m z_m / sqrt(mean_m |z_m|^2 + eps), computed in float32; w real, so phases are kept."""
+    """z_m -> w_m z_m / sqrt(mean_m |z_m|^2 + eps), computed in at least float32; w real, so phases
+    are kept."""
 
     def __init__(self, complex_dim: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -111,10 +114,10 @@ class ComplexRMSNorm(nn.Module):
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         input_dtype = z.dtype
-        z = z.to(torch.float32)
+        z = upcast(z)
         variance = complex_abs2(z).mean(-1, keepdim=True)
         z = z * torch.rsqrt(variance + self.variance_epsilon)
-        gain = torch.cat((self.weight, self.weight)).to(torch.float32)
+        gain = torch.cat((self.weight, self.weight)).to(z.dtype)
         return (gain * z).to(input_dtype)
 
     def extra_repr(self) -> str:
@@ -134,8 +137,8 @@ class ModReLU(nn.Module):
         self.eps = eps
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        magnitude = torch.sqrt(complex_abs2(z.float()) + self.eps)
-        scale = torch.relu(magnitude + self.bias.float()) / magnitude
+        magnitude = torch.sqrt(complex_abs2(upcast(z)) + self.eps)
+        scale = torch.relu(magnitude + upcast(self.bias)) / magnitude
         return z * torch.cat((scale, scale), dim=-1).to(z.dtype)
 
     def extra_repr(self) -> str:
