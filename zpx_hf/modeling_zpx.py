@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache
@@ -60,6 +61,18 @@ class ZPXCausalLMOutputWithPast(CausalLMOutputWithPast):
 
     phases: tuple[torch.Tensor, ...] | None = None
     center_loss: torch.Tensor | None = None
+
+
+def pad_content_only_keys(cache: Cache, layer_idx: int, width: int) -> None:
+    """Keys placed in the cache by other tools (PEFT prefix tuning) have the content width d, not d + 5C:
+    give them zero phase features, so their angle and sphere terms vanish and only q.k scores them."""
+    layers = getattr(cache, "layers", None)
+    if layers is None or layer_idx >= len(layers):
+        return
+    layer = layers[layer_idx]
+    keys = getattr(layer, "keys", None)
+    if isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.shape[-1] < width:
+        layer.keys = F.pad(keys, (0, width - keys.shape[-1]))
 
 
 class ZPXPhaseEncoder(nn.Module):
@@ -129,6 +142,7 @@ class ZPXAttention(nn.Module):
         features = phase_key_features(phase).to(query.dtype)  # [B, H, L, 5C]
         key_aug = torch.cat((key, features), dim=-1)
         if past_key_values is not None:
+            pad_content_only_keys(past_key_values, self.layer_idx, key_aug.shape[-1])
             key_aug, value = past_key_values.update(key_aug, value, self.layer_idx)
             key_aug, value = trim_static_cache(key_aug, value, kv_length)
 
