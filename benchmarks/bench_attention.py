@@ -9,7 +9,8 @@ Paths (one head layout for all: B=1, H=2 on CPU / B=2, H=8 on CUDA, 64 features 
   zpx_sdpa          ZPX as SDPA on the augmented head dim d + 5C (exact)
   pct_reference     PCT sigmoid attention, tiled PyTorch path (query panels; real head dim 2d = 64)
   pct_triton        PCT fused Triton kernels (CUDA)
-  gpa_reference     Versor GPA materialised, [L, L, 11] score products (2 multivector channels)
+  gpa_reference     Versor GPA naive: [L, L, 11] score products materialised (2 multivector channels)
+  gpa_chunked       Versor GPA O(L) PyTorch path: query panels, causal key blocks, online softmax
   gpa_triton        Versor GPA fused Triton kernels (CUDA)
   rra_scan          Versor RRA: rotor exponentials, prefix scan (chunked on CPU, Triton on CUDA), sandwich
 
@@ -44,6 +45,7 @@ PATHS = (
     "pct_reference",
     "pct_triton",
     "gpa_reference",
+    "gpa_chunked",
     "gpa_triton",
     "rra_scan",
 )
@@ -92,15 +94,15 @@ def make_step(path: str, length: int, device: str, dtype: Any, batch: int, heads
         def run() -> Any:
             return pct_attention(q, k, v, tau, bias, causal=True, kernel=kernel)
 
-    elif path in ("gpa_reference", "gpa_triton"):
-        from zpx_hf.ops_gpa import gpa_reference, gpa_triton
+    elif path in ("gpa_reference", "gpa_chunked", "gpa_triton"):
+        from zpx_hf.ops_gpa import geometric_product_attention
 
-        op = gpa_reference if path == "gpa_reference" else gpa_triton
+        kernel = {"gpa_reference": "naive", "gpa_chunked": "chunked", "gpa_triton": "triton"}[path]
         q, k, v = (make(batch, heads, length, d, scale=0.5) for _ in range(3))
         gamma = torch.full((heads,), 0.1, device=device, requires_grad=True)
 
         def run() -> Any:
-            return op(q, k, v, gamma, None, True)[0]
+            return geometric_product_attention(q, k, v, gamma, causal=True, kernel=kernel)
 
     elif path == "rra_scan":
         from zpx_hf.ops_rra import recursive_rotor_accumulator

@@ -5,7 +5,7 @@
 
 Checks (forward and every gradient, odd lengths, causal and not, fp32 / fp16 / bf16):
   PCT sigmoid attention   pct_attention kernel 'triton' vs 'tiled'            grads q, k, v, tau, b (+ padding mask)
-  Versor GPA              gpa_triton vs gpa_reference                         grads q, k, v, gamma
+  Versor GPA              gpa_triton vs gpa_naive (+ key padding, Lq < Lk)    grads q, k, v, gamma
   Versor RRA scan         rotor_scan_triton vs rotor_scan_sequential (fp32)   grads rotors, initial state
   RRA stability           |R ~R - 1| after a 16,384-token rotation scan on the Triton path
   ZPX                     SDPA fast form (fp32/fp16/bf16) vs the materialised form in fp32 (no Triton kernel)
@@ -126,7 +126,7 @@ def check_pct(rows: list[dict[str, Any]], dtypes: list[Any], quick: bool) -> Non
 def check_gpa(rows: list[dict[str, Any]], dtypes: list[Any], quick: bool) -> None:
     import torch
 
-    from zpx_hf.ops_gpa import gpa_reference, gpa_triton
+    from zpx_hf.ops_gpa import gpa_naive, gpa_triton
 
     shapes = [(1, 2, 1, 32), (2, 2, 67, 64), (1, 3, 300, 96)] + ([] if quick else [(2, 2, 1031, 64)])
     shapes = shapes[:2] if SMOKE else shapes
@@ -140,13 +140,33 @@ def check_gpa(rows: list[dict[str, Any]], dtypes: list[Any], quick: bool) -> Non
             for dtype in dtypes:
                 compare(
                     f"gpa L={length} D={dim} causal={causal}",
-                    lambda *a, c=causal: gpa_triton(*a, None, c)[0],
-                    lambda *a, c=causal: gpa_reference(*a, None, c)[0],
+                    lambda *a, c=causal: gpa_triton(*a, causal=c),
+                    lambda *a, c=causal: gpa_naive(*a, causal=c),
                     [q, k, v, gamma],
                     ["dq", "dk", "dv", "dgamma"],
                     dtype,
                     rows,
                 )
+    # decoding-shaped: Lq < Lk over a left-padded cache (rows with no visible key output zeros)
+    q_len, k_len = (5, 40) if SMOKE else (37, 300)
+    g = torch.Generator(device=DEVICE).manual_seed(7)
+    q = torch.randn(2, 2, q_len, 64, device=DEVICE, generator=g) * 0.5
+    k, v = (torch.randn(2, 2, k_len, 64, device=DEVICE, generator=g) * 0.5 for _ in range(2))
+    gamma = torch.linspace(-0.5, 1.0, 2, device=DEVICE)
+    padding = torch.ones(2, k_len, dtype=torch.bool, device=DEVICE)
+    padding[0, : k_len - q_len + 2] = False  # the first two query rows of sequence 0 see no key
+    for x in (q, k, v, gamma):
+        x.requires_grad_(True)
+    for dtype in dtypes:
+        compare(
+            f"gpa Lq={q_len} Lk={k_len} D=64 causal padded",
+            lambda *a: gpa_triton(*a, causal=True, key_padding_mask=padding),
+            lambda *a: gpa_naive(*a, causal=True, key_padding_mask=padding),
+            [q, k, v, gamma],
+            ["dq", "dk", "dv", "dgamma"],
+            dtype,
+            rows,
+        )
 
 
 def check_rra(rows: list[dict[str, Any]], quick: bool) -> None:
