@@ -1,7 +1,6 @@
 """zpx-inspect: the pictures of a trained model show the model's own numbers (tiny random models per family)."""
 
 import json
-import math
 
 import matplotlib.image
 import numpy as np
@@ -14,6 +13,8 @@ from training.inspection import (
     attention_maps,
     circle_figure,
     encode,
+    gpa_figure,
+    gpa_score_data,
     inspect_run,
     load_run,
     main,
@@ -23,13 +24,21 @@ from training.inspection import (
     pct_parameters,
     rotor_geometry,
     row_sum_figure,
+    rra_figure,
+    rra_rotor_data,
     sphere_figure,
+    versor_mixer_inputs,
     zpx_circle_points,
     zpx_sphere_points,
 )
-from zpx_hf import PCTConfig, PCTForCausalLM, ZPXConfig, ZPXForCausalLM
+from zpx_hf import PCTConfig, PCTForCausalLM, VersorConfig, VersorForCausalLM, ZPXConfig, ZPXForCausalLM
 from zpx_hf.clifford_algebra import BIVECTOR_MASKS, conformal_algebra, rotor_exp
 from zpx_hf.tokenization_bytes import VOCAB_SIZE, build_byte_tokenizer
+
+
+def tiny_config(config_class, **fields):
+    base = dict(vocab_size=VOCAB_SIZE, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+    return config_class(**{**base, "max_position_embeddings": 64, **fields})
 
 
 def save_run(model, folder):
@@ -41,31 +50,15 @@ def save_run(model, folder):
 @pytest.fixture(scope="module")
 def zpx_run(tmp_path_factory):
     torch.manual_seed(0)
-    config = ZPXConfig(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        phase_channels=3,
-        max_position_embeddings=64,
-        initializer_range=0.3,  # phases spread over the circle and the radius off 1
-    )
+    # initializer_range 0.3: phases spread over the circle and the radius off 1
+    config = tiny_config(ZPXConfig, hidden_size=32, phase_channels=3, initializer_range=0.3)
     return save_run(ZPXForCausalLM(config), tmp_path_factory.mktemp("zpx"))
 
 
 @pytest.fixture(scope="module")
 def pct_run(tmp_path_factory):
     torch.manual_seed(0)
-    config = PCTConfig(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=64,
-        tau="learnable",
-    )
+    config = tiny_config(PCTConfig, hidden_size=16, tau="learnable")
     model = PCTForCausalLM(config)
     with torch.no_grad():  # distinct values per layer and head, as training would leave them
         for i, layer in enumerate(model.model.layers):
@@ -186,13 +179,13 @@ def test_pct_pictures_plot_the_gates_and_parameters(pct_run):
 
 def test_pct_fixed_temperature_is_drawn_per_head(tmp_path):
     torch.manual_seed(0)
-    config = PCTConfig(
-        vocab_size=VOCAB_SIZE, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
-    )
+    config = tiny_config(PCTConfig, hidden_size=16, num_hidden_layers=1)
     model = PCTForCausalLM(config)
     params = pct_parameters(model)
     assert not params["tau_learned"]
-    np.testing.assert_array_equal(params["tau"], np.full((1, 2), math.sqrt(config.head_dim)))
+    fixed = model.model.layers[0].self_attn.temperature()
+    assert isinstance(fixed, float)
+    np.testing.assert_array_equal(params["tau"], np.full((1, 2), fixed))
 
 
 def test_remote_code_checkpoint_is_inspected_through_its_own_code(zpx_run, tmp_path):
@@ -288,3 +281,97 @@ def test_rotor_geometry_recovers_angles_and_rapidity_of_known_rotors():
 
     drifted = rotors[1] * 1.01  # off the group: R~R = 1.0201
     assert torch.isclose(rotor_geometry(drifted)["norm_error"], torch.tensor(0.0201, dtype=torch.float64))
+
+
+def versor_run(folder, accumulate):
+    torch.manual_seed(0)
+    config = tiny_config(
+        VersorConfig,
+        hidden_size=64,
+        mixer="hybrid",  # layer 0 RRA, layer 1 GPA
+        rra_accumulate=accumulate,
+        rra_bivector_scale=0.3,  # the full product's boosts stay within float32 over the sample
+        initializer_range=0.2,
+    )
+    return save_run(VersorForCausalLM(config), folder)
+
+
+def product_reference(bivectors, algebra):
+    """R_t = exp(-B_0/2) ... exp(-B_t/2) by one geometric product per step, float64, [L, H, 32]."""
+    steps = rotor_exp(bivectors.double())
+    rotors, state = [], steps[0]
+    for t in range(steps.shape[0]):
+        state = steps[0] if t == 0 else algebra.geometric_product(state, steps[t])
+        rotors.append(state)
+    return torch.stack(rotors)
+
+
+@pytest.mark.parametrize("accumulate", ["compact", "full"])
+def test_versor_pictures_plot_the_rotors_and_score_parts(accumulate, tmp_path):
+    run = versor_run(tmp_path / accumulate, accumulate)
+    paths = inspect_run(run)
+    check_pictures(paths, run, ["versor_rra_rotors", "versor_gpa_scores"])
+
+    model, tokenizer = load_run(run)
+    input_ids, labels = encode(tokenizer, SAMPLE_TEXT)
+    inputs = versor_mixer_inputs(model, input_ids)
+    algebra = conformal_algebra()
+    f32 = torch.finfo(torch.float32).eps
+    length = input_ids.shape[1]
+
+    ((rra_layer, rra),) = rra_rotor_data(model, inputs)
+    assert rra_layer == 0 and model.model.layers[0].mixer_type == "rra"
+    with torch.no_grad():
+        bivectors = model.model.layers[0].mixer.bivectors(inputs[0])[0].double()  # [L, H, 10]
+    rotation = torch.zeros(len(BIVECTOR_MASKS), dtype=torch.bool)
+    rotation[[i for i, mask in enumerate(BIVECTOR_MASKS) if not mask & 16]] = True
+    boosts = bivectors * ~rotation
+    if accumulate == "compact":  # SPEC §8: rotations accumulated, the boost applied per token
+        expected_rotors = product_reference(bivectors * rotation, algebra)
+        expected_applied = algebra.geometric_product(expected_rotors, rotor_exp(boosts))
+    else:
+        expected_rotors = expected_applied = product_reference(bivectors, algebra)
+    scale = float(expected_rotors.abs().max())
+    tolerance = {"rtol": 0, "atol": 8 * length * f32 * scale}  # float32 scan of `length` products
+    torch.testing.assert_close(torch.from_numpy(rra["rotors"]), expected_rotors, **tolerance)
+    torch.testing.assert_close(torch.from_numpy(rra["applied"]), expected_applied, **tolerance)
+    geometry = rotor_geometry(torch.from_numpy(rra["applied"]))
+    for name in ("theta1", "theta2", "rapidity", "norm_error"):
+        np.testing.assert_array_equal(rra[name], geometry[name].numpy())
+    if accumulate == "compact":
+        # the applied boost exp(-A_t/2), A_t = a e5 with a in span(e1..e4), has rapidity |a|
+        np.testing.assert_allclose(rra["rapidity"], boosts.norm(dim=-1).numpy(), rtol=0, atol=1e-5)
+        assert rotor_geometry(torch.from_numpy(rra["rotors"]))["rapidity"].max() < 1e-3  # pure rotations
+
+    ((gpa_layer, gpa),) = gpa_score_data(model, inputs)
+    assert gpa_layer == 1
+    mixer = model.model.layers[1].mixer
+    with torch.no_grad():
+        query, key, _ = mixer.project(inputs[1])
+    q = query[0].double().unflatten(-1, (-1, 32))  # [H, L, c, 32]
+    k = key[0].double().unflatten(-1, (-1, 32))
+    products = algebra.geometric_product(q[:, :, None], algebra.reverse(k)[:, None, :]).sum(dim=3)  # [H, L, L, 32]
+    expected_scalar = products[..., 0]
+    expected_bivector = (products[..., list(BIVECTOR_MASKS)].pow(2).sum(-1) + model.config.gpa_eps).sqrt()
+    terms = q.shape[-1] * q.shape[-2]
+    bound = {"rtol": 0, "atol": terms**2 * f32 * float(q.abs().max() * k.abs().max())}  # float32 dot products
+    torch.testing.assert_close(torch.from_numpy(gpa["scalar"]), expected_scalar, **bound)
+    torch.testing.assert_close(torch.from_numpy(gpa["bivector"]), expected_bivector, **bound)
+    np.testing.assert_array_equal(gpa["gamma"], mixer.gamma.detach().double().numpy())
+
+    rotors_fig = rra_figure([(rra_layer, rra)], accumulate)
+    lines = {line.get_label(): line for ax in rotors_fig.axes[:3] for line in ax.get_lines()}
+    for head in range(rra["theta1"].shape[1]):
+        np.testing.assert_array_equal(lines[f"head {head} theta1"].get_ydata(), rra["theta1"][:, head])
+        np.testing.assert_array_equal(lines[f"head {head} theta2"].get_ydata(), rra["theta2"][:, head])
+    for ax, name in zip(rotors_fig.axes[1:3], ("rapidity", "norm_error")):
+        for head, line in enumerate(ax.get_lines()):
+            np.testing.assert_array_equal(line.get_ydata(), rra[name][:, head])
+    scores_fig = gpa_figure([(gpa_layer, gpa)], labels, causal=True)
+    causal = np.tril(np.ones((length, length), dtype=bool))
+    image_axes = [ax for ax in scores_fig.axes if ax.images]
+    for head in range(gpa["scalar"].shape[0]):
+        for ax, part in zip(image_axes[2 * head : 2 * head + 2], ("scalar", "bivector")):
+            shown = ax.images[0].get_array()
+            np.testing.assert_array_equal(shown.data[causal], gpa[part][head][causal])
+            assert shown.mask[~causal].all() and not shown.mask[causal].any()

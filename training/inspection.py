@@ -32,7 +32,15 @@ import numpy as np
 import torch
 
 import zpx_hf
-from zpx_hf.clifford_algebra import NUM_BLADES, rotor_norm_error, sandwich, to_matrix
+from zpx_hf.clifford_algebra import (
+    NUM_BLADES,
+    ROTATION_INDICES,
+    conformal_algebra,
+    rotor_exp,
+    rotor_norm_error,
+    sandwich,
+    to_matrix,
+)
 
 SAMPLE_TEXT = "The cat sat on the mat. The cat sat on the mat."
 MAX_TOKENS = 64  # beyond this the per-token panels stop being readable
@@ -212,18 +220,28 @@ def rotor_geometry(rotors: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def rra_rotor_data(model: Any, mixer_inputs: Sequence[torch.Tensor]) -> list[tuple[int, dict[str, np.ndarray]]]:
-    """Per RRA layer: the accumulated rotors R_t [L, H, 32] of the first sequence and their geometry [L, H]."""
+    """Per RRA layer, for the first sequence: `rotors` R_t [L, H, 32] (`rotor_trajectory`), `applied` T_t, the
+    rotor whose sandwich T_t v_t ~T_t the layer applies to token t, and T_t's `rotor_geometry` [L, H].
+
+    accumulate="full": T_t = R_t. "compact": R_t holds only the rotations and T_t = R_t exp(-A_t/2) with A_t
+    the boost part of B_t (ops_rra), so the rapidity shown is that of the per-token boost."""
     from zpx_hf.ops_rra import rotor_trajectory
 
+    algebra = conformal_algebra()
     result = []
     for index, layer in enumerate(model.model.layers):
         if layer.mixer_type != "rra":
             continue
         with torch.no_grad():
-            bivectors = layer.mixer.bivectors(mixer_inputs[index])
-            rotors = rotor_trajectory(bivectors, accumulate=model.config.rra_accumulate)[0]
-        data = {name: _numpy(value) for name, value in rotor_geometry(rotors).items()}
-        data["rotors"] = _numpy(rotors)
+            bivectors = layer.mixer.bivectors(mixer_inputs[index])[0:1]
+            rotors = rotor_trajectory(bivectors, accumulate=model.config.rra_accumulate)[0].double()
+            applied = rotors
+            if model.config.rra_accumulate == "compact":
+                boosts = bivectors[0].double().clone()
+                boosts[..., list(ROTATION_INDICES)] = 0.0
+                applied = algebra.geometric_product(rotors, rotor_exp(boosts))
+        data = {name: _numpy(value) for name, value in rotor_geometry(applied).items()}
+        data.update(rotors=_numpy(rotors), applied=_numpy(applied))
         result.append((index, data))
     return result
 
@@ -237,8 +255,8 @@ def gpa_score_data(model: Any, mixer_inputs: Sequence[torch.Tensor]) -> list[tup
         if layer.mixer_type != "gpa":
             continue
         with torch.no_grad():
-            query, key, _ = layer.mixer.project(mixer_inputs[index])
-            scalar, bivector = gpa_score_parts(query, key)
+            query, key, _ = layer.mixer.project(mixer_inputs[index][0:1])
+            scalar, bivector = gpa_score_parts(query, key, eps=model.config.gpa_eps)
         data = {"scalar": _numpy(scalar[0]), "bivector": _numpy(bivector[0]), "gamma": _numpy(layer.mixer.gamma)}
         result.append((index, data))
     return result
@@ -403,10 +421,10 @@ def pct_parameter_figure(params: dict[str, Any]) -> Any:
     return fig
 
 
-def rra_figure(layers: Sequence[tuple[int, dict[str, np.ndarray]]]) -> Any:
-    """Rows: RRA layers; columns: rotation angles, boost rapidity, |R~R - 1| of R_t against t, per head.
-    Artists: per head, lines labelled "head h theta1", "head h theta2", "head h" (rapidity, error)."""
-    fig = _figure(11.0, 2.6 * len(layers) + 0.6)
+def rra_figure(layers: Sequence[tuple[int, dict[str, np.ndarray]]], accumulate: str) -> Any:
+    """Rows: RRA layers; columns: rotation angles, boost rapidity and |T~T - 1| of the applied rotor T_t
+    against t, per head. Artists: lines labelled "head h theta1", "head h theta2", "head h"."""
+    fig = _figure(11.0, 2.6 * len(layers) + 0.7)
     axes = fig.subplots(len(layers), 3, squeeze=False)
     for row, (layer, data) in enumerate(layers):
         length, heads = data["theta1"].shape
@@ -419,15 +437,20 @@ def rra_figure(layers: Sequence[tuple[int, dict[str, np.ndarray]]]) -> Any:
             axes[row, 2].plot(t, data["norm_error"][:, head], color=colour, lw=1, label=f"head {head}")
         axes[row, 0].set_ylabel(f"layer {layer}\nangle (rad)")
         axes[row, 1].set_ylabel(r"rapidity $\eta$")
-        axes[row, 2].set_ylabel(r"max $|R\tilde R - 1|$")
+        axes[row, 2].set_ylabel(r"max $|T\tilde T - 1|$")
+        axes[row, 2].set_yscale("log")
         for ax in axes[row]:
             ax.set_xlabel("token position t")
             ax.grid(alpha=0.3)
-    axes[0, 0].set_title(r"rotation angles of $R_t$: $\theta_1$ (solid) $\geq \theta_2$ (dashed)")
-    axes[0, 1].set_title(r"boost rapidity of $R_t$")
+    axes[0, 0].set_title(r"rotation angles of $T_t$: $\theta_1$ (solid) $\geq \theta_2$ (dashed)")
+    axes[0, 1].set_title(r"boost rapidity of $T_t$")
     axes[0, 2].set_title("distance from the rotor group")
     axes[0, 1].legend()
-    fig.suptitle(r"Versor RRA: accumulated rotor $R_t = dR_0 \cdots dR_t$ per head over the sample")
+    if accumulate == "compact":
+        how = r"$T_t = R_t\,e^{-A_t/2}$: accumulated rotations $R_t$, per-token boost $A_t$ (compact)"
+    else:
+        how = r"$T_t = R_t = dR_0 \cdots dR_t$, rotations and boosts accumulated (full)"
+    fig.suptitle(f"Versor RRA rotor applied to token t per head: {how}")
     return fig
 
 
@@ -502,7 +525,7 @@ def versor_drawings(model: Any, input_ids: torch.Tensor, labels: Sequence[str]) 
     if rra:
         drawings.append(
             ("versor_rra_rotors", "Versor RRA rotor R_t per head: rotation angles, boost rapidity, |R~R - 1|",
-             rra_figure(rra))
+             rra_figure(rra, model.config.rra_accumulate))
         )  # fmt: skip
     gpa = gpa_score_data(model, inputs)
     if gpa:
