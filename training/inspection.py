@@ -10,8 +10,9 @@ PNGs and `index.json` ([{"file", "title"}]) into RUN_DIR/inspection/:
   the stereographic points s on the Riemann sphere; the attention weights.
 * PCT: the sigmoid gates a_ij per head, their row sums (not 1: the gates do not compete), the learned
   temperature tau and gate bias b_h per layer.
-* Versor: per RRA layer and head the accumulated rotor R_t's rotation angles, boost rapidity and
-  |R~R - 1| over the sequence; per GPA layer and head the scalar and bivector-norm parts of the score.
+* Versor: per RRA layer and head, over the sequence, the rotation angles, boost rapidity and |T~T - 1| of
+  the rotor T_t the layer applies to token t (the accumulated R_t, times the per-token boost when
+  `rra_accumulate="compact"`); per GPA layer and head the scalar and bivector-norm parts of the score.
 
 Every figure is drawn from a data function (`zpx_circle_points`, `pct_gate_maps`, `rotor_geometry`, ...)
 that reads only the model's public outputs and methods, so a test can compare the plotted arrays with the
@@ -163,7 +164,7 @@ def pct_parameters(model: Any) -> dict[str, Any]:
 
 
 def versor_mixer_inputs(model: Any, input_ids: torch.Tensor) -> list[torch.Tensor]:
-    """The (normed) hidden states [B, L, C, 32] each layer's mixer receives, captured by pre-hooks."""
+    """Per layer, the normed hidden states its mixer receives (first positional argument), captured by a pre-hook."""
     captured: list[torch.Tensor | None] = [None] * len(model.model.layers)
 
     def hook_for(index: int) -> Callable:
