@@ -8,8 +8,8 @@ Models (vocabulary 260, 4 layers, 4 heads; every model through the public `AutoM
 with `attn_implementation="sdpa"`, each family's fast path, falling back to the class default):
   llama          transformers `LlamaForCausalLM`, hidden 256, intermediate 688: the baseline
   zpx            `ZPXConfig`, same sizes as Llama (8 phase channels, SRPE)
-  pct            `PCTConfig`, parameter-matched to Llama: complex hidden and intermediate widths chosen so
-                 the parameter count equals Llama's (a complex weight is 2 parameters, 4 real multiplies)
+  pct            `PCTConfig`, parameter-matched to Llama: Llama's intermediate / hidden ratio, widths chosen so
+                 the parameter count is closest to Llama's (a complex weight is 2 parameters, 4 real multiplies)
   versor-rra     `VersorConfig(mixer="rra")`, hidden 256 (8 multivectors), intermediate 512
   versor-gpa     same with `mixer="gpa"`
   versor-hybrid  same with `mixer="hybrid"`
@@ -68,26 +68,29 @@ def count_parameters(config: Any) -> int:
 
 
 def matched_pct_config(size: dict, target: int) -> Any:
-    """PCTConfig whose parameter count is closest to `target`: the complex hidden width near hidden / sqrt(2)
-    (a multiple of the head count), the complex intermediate width solved from the linear parameter count."""
+    """PCTConfig near Llama's intermediate / hidden aspect ratio with the parameter count closest to `target`:
+    the hidden width (a multiple of 4 x heads, whatever unit the config counts in) from the aspect ratio,
+    then the intermediate width (a multiple of 4) to close the gap."""
     from zpx_hf import PCTConfig
 
-    heads = size["heads"]
-    common = dict(vocab_size=VOCAB, num_hidden_layers=size["layers"], num_attention_heads=heads)
+    common = dict(vocab_size=VOCAB, num_hidden_layers=size["layers"], num_attention_heads=size["heads"])
     common["max_position_embeddings"] = 4096
-    best = None
-    centre = round(size["hidden"] / 2**0.5 / heads) * heads
-    for hidden in (centre - heads, centre, centre + heads):
-        low, high = hidden, 4 * hidden
-        p_low = count_parameters(PCTConfig(hidden_size=hidden, intermediate_size=low, **common))
-        p_high = count_parameters(PCTConfig(hidden_size=hidden, intermediate_size=high, **common))
-        per_unit = (p_high - p_low) / (high - low)
-        intermediate = max(1, round(low + (target - p_low) / per_unit))
+    step = 4 * size["heads"]
+    ratio = size["intermediate"] / size["hidden"]
+    candidates = []
+    for hidden in range(step, 2 * size["hidden"] + 1, step):
+        intermediate = max(4, round(hidden * ratio / 4) * 4)
         config = PCTConfig(hidden_size=hidden, intermediate_size=intermediate, **common)
-        gap = abs(count_parameters(config) - target)
-        if best is None or gap < best[0]:
-            best = (gap, config)
-    return best[1]
+        candidates.append((abs(count_parameters(config) - target), config))
+        if count_parameters(config) > target:
+            break
+    config = min(candidates, key=lambda c: c[0])[1]
+    # then the intermediate width (parameters are linear in it) to close the remaining gap
+    hidden, intermediate = config.hidden_size, config.intermediate_size
+    wider = PCTConfig(hidden_size=hidden, intermediate_size=intermediate + 4, **common)
+    per_step = count_parameters(wider) - count_parameters(config)
+    intermediate += 4 * round((target - count_parameters(config)) / per_step)
+    return PCTConfig(hidden_size=hidden, intermediate_size=max(4, intermediate), **common)
 
 
 def family_config(family: str, size: dict, llama_params: int) -> Any:

@@ -13,8 +13,8 @@ from zpx_hf.ops_pct import pct_attention, pct_attention_weights
 def tiny_config(**overrides):
     base = dict(
         vocab_size=50,
-        hidden_size=16,
-        intermediate_size=24,
+        hidden_size=32,  # real widths: 16 complex features
+        intermediate_size=48,
         num_hidden_layers=1,
         num_attention_heads=2,
         max_position_embeddings=64,
@@ -61,7 +61,7 @@ def complex_weight(linear):
 
 def srpe_factor(positions, config):
     """r_j(p) e^{i Theta_j(p)} from SPEC §1 in float64, one pair per complex feature (real head dim 2d)."""
-    d = config.head_dim
+    d = config.complex_head_dim
     omega = config.rope_theta ** (-2.0 * torch.arange(d, dtype=torch.float64) / (2 * d))
     base = positions.double()[..., None] * omega
     theta = base * (1.0 + 1.0 / config.srpe_k)
@@ -72,7 +72,7 @@ def srpe_factor(positions, config):
 def attention_formula(attention, hidden, attention_mask, config):
     """SPEC §3 transcribed with complex128 tensors."""
     batch, length = hidden.shape[:2]
-    heads, d = config.num_attention_heads, config.head_dim
+    heads, d = config.num_attention_heads, config.complex_head_dim
     z = to_complex(hidden)
 
     def project(linear):

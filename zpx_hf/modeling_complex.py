@@ -28,10 +28,15 @@ def complex_parts(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return z[..., :half], z[..., half:]
 
 
+def complex_pairs(z: torch.Tensor) -> torch.Tensor:
+    """[..., 2n] -> the view [..., 2, n] (row 0 re, row 1 im): reshapes instead of slices, whose backward
+    would zero-fill a full-size gradient per slice."""
+    return z.unflatten(-1, (2, -1))
+
+
 def complex_abs2(z: torch.Tensor) -> torch.Tensor:
     """|z_m|^2 = re_m^2 + im_m^2, [..., n]."""
-    re, im = complex_parts(z)
-    return re * re + im * im
+    return complex_pairs(z.square()).sum(-2)
 
 
 def complex_rotate(z: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -39,10 +44,12 @@ def complex_rotate(z: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
 
     `z` is [B, H, L, 2d] ([re | im] per head); `cos`, `sin` are [B, L, d] (broadcast over heads).
     """
-    cos = cos.unsqueeze(1).to(z.dtype)
+    cos = cos.unsqueeze(1).unsqueeze(-2).to(z.dtype)  # [B, 1, L, 1, d]
     sin = sin.unsqueeze(1).to(z.dtype)
-    re, im = complex_parts(z)
-    return torch.cat((re * cos - im * sin, re * sin + im * cos), dim=-1)
+    signed_sin = torch.stack((-sin, sin), dim=-2)  # [B, 1, L, 2, d]
+    pairs = complex_pairs(z)
+    # [re, im] cos + [im, re] [-sin, sin] = [re cos - im sin, im cos + re sin]
+    return (pairs * cos + pairs.flip(-2) * signed_sin).flatten(-2)
 
 
 class ComplexLinear(nn.Module):
@@ -115,10 +122,9 @@ class ComplexRMSNorm(nn.Module):
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         input_dtype = z.dtype
         z = upcast(z)
-        variance = complex_abs2(z).mean(-1, keepdim=True)
+        variance = 2 * z.square().mean(-1, keepdim=True)  # mean_m |z_m|^2 over n = 2 x mean over the 2n parts
         z = z * torch.rsqrt(variance + self.variance_epsilon)
-        gain = torch.cat((self.weight, self.weight)).to(z.dtype)
-        return (gain * z).to(input_dtype)
+        return (self.weight.to(z.dtype).repeat(2) * z).to(input_dtype)
 
     def extra_repr(self) -> str:
         return f"complex_dim={self.weight.shape[0]}, eps={self.variance_epsilon}"
@@ -139,7 +145,7 @@ class ModReLU(nn.Module):
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         magnitude = torch.sqrt(complex_abs2(upcast(z)) + self.eps)
         scale = torch.relu(magnitude + upcast(self.bias)) / magnitude
-        return z * torch.cat((scale, scale), dim=-1).to(z.dtype)
+        return (complex_pairs(z) * scale.unsqueeze(-2).to(z.dtype)).flatten(-2)
 
     def extra_repr(self) -> str:
         return f"complex_dim={self.bias.shape[0]}"
@@ -151,6 +157,7 @@ __all__ = [
     "ComplexRMSNorm",
     "ModReLU",
     "complex_abs2",
+    "complex_pairs",
     "complex_parts",
     "complex_rotate",
 ]
