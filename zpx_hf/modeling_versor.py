@@ -35,12 +35,7 @@ from .modeling_common import (
     GeometricPreTrainedModel,
     attention_implementation,
 )
-from .ops_gpa import geometric_product_attention
-
-try:  # TEMPORARY(lead): until the split ops_gpa lands
-    from .ops_gpa import gpa_attention_weights
-except ImportError:
-    gpa_attention_weights = None
+from .ops_gpa import geometric_product_attention, gpa_attention_weights
 from .ops_rra import recursive_rotor_accumulator
 
 
@@ -160,10 +155,10 @@ class VersorNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., 32 C] -> [..., 32 C], computed in float32."""
+        """x [..., 32 C] -> [..., 32 C], computed in at least float32."""
         input_dtype = x.dtype
         x = multivectors(upcast(x))
-        onehot = conformal_algebra().table("grade_onehot", x.device)  # [32, 6]
+        onehot = conformal_algebra().table("grade_onehot", x.device).to(x.dtype)  # [32, 6]
         per_grade = (x.pow(2) @ onehot).mean(-2, keepdim=True)  # [..., 1, 6]
         scale = torch.rsqrt(per_grade + self.variance_epsilon) * upcast(self.weight)  # [..., C, 6]
         return (x * (scale @ onehot.T)).flatten(-2).to(input_dtype)
