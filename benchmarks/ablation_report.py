@@ -442,6 +442,7 @@ def calibration_markdown(
     spec: dict[str, Any],
     lengths: dict[str, int],
     command: str,
+    notes: dict[str, str] | None = None,
 ) -> str:
     """The committed budget per task, the baseline's result at that budget in every seed (the learnability bar),
     and every exploratory trial with its accuracy curve."""
@@ -522,6 +523,8 @@ def calibration_markdown(
             ]
         )
     lines += _table(header, rows, "---")
+    if notes:
+        lines += ["", "Notes:", "", *(f"- {task}: {note}" for task, note in notes.items())]
     commands = sorted({r["command"] for r in trials})
     lines += ["", "Trial commands:", "", *(f"- `{c}`" for c in commands)]
     return "\n".join(lines) + "\n"
@@ -535,12 +538,14 @@ def render_calibration(
     spec: dict[str, Any],
     lengths: dict[str, int],
     command: str,
+    notes: dict[str, str] | None = None,
 ) -> str:
     """calibration_<size>.json / .md from the trial lines and the suite's baseline rows."""
     trials = [json.loads(line) for line in trials_file.read_text().splitlines() if line.strip()]
     payload = {"chosen": chosen, "budgets": spec["budgets"], "baseline_runs": list(baseline_rows), "trials": trials}
+    payload["notes"] = notes or {}
     stem.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
-    text = calibration_markdown(trials, chosen, baseline_rows, spec, lengths, command)
+    text = calibration_markdown(trials, chosen, baseline_rows, spec, lengths, command, notes)
     stem.with_suffix(".md").write_text(text)
     return text
 
