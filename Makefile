@@ -1,5 +1,5 @@
 # The README's two commands:
-#   make main   - set up, then train + evaluate zpx-tiny on embedded data, save, reload through AutoModel
+#   make main   - set up, then train + evaluate zpx-tiny on embedded data, draw it, save, reload through AutoModel
 #   make test   - set up, then run the test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,13 +13,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[train,dev]"
 	touch $@
 
 setup: $(VENV)/.installed
 
 main: setup
-	$(PY) training/main_job.py
+	$(VENV)/bin/zpx-main
 
 test: setup
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -ra

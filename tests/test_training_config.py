@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from transformers import TrainingArguments
+
+from training.config import ConfigError, ModelArguments
+from training.data import DataArguments
+from training.train import load_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "training"))
-
-from train import ConfigError, DataArguments, ModelArguments, load_run_config  # noqa: E402
-from transformers import TrainingArguments  # noqa: E402
 
 MICRO = ROOT / "configs" / "test-micro.yaml"
 
@@ -43,8 +44,7 @@ def test_shipped_configs_parse_and_build_their_model_config(name):
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*lora*.yaml")))
 def test_shipped_lora_configs_parse(name, tmp_path):
-    from finetune_lora import LoraArguments, load_finetune_config
-
+    from training.finetune_lora import LoraArguments, load_finetune_config
     from zpx_hf import ZPXConfig
 
     ZPXConfig().save_pretrained(tmp_path)
@@ -127,7 +127,7 @@ def test_cli_fails_before_training_with_the_key_in_the_message(tmp_path):
     output_dir = tmp_path / "out"
     path = _write(tmp_path, _micro(**{"data.text_source": str(tmp_path / "missing.txt")}))
     result = subprocess.run(
-        [sys.executable, str(ROOT / "training" / "train.py"), path, "--output_dir", str(output_dir)],
+        [sys.executable, "-m", "training.train", path, "--output_dir", str(output_dir)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,4 +1,10 @@
-"""Acceptance: a 2-process `accelerate launch` DDP run on CPU (gloo) trains and saves a loadable checkpoint."""
+"""Multi-process training on CPU (gloo) through `accelerate launch`: each config does what its name says.
+
+- ddp_cpu.yaml: 2-process DDP trains and saves a loadable checkpoint.
+- fsdp_cpu.yaml: 2-process FSDP2; each rank holds about half of the parameters, and the saved checkpoint is one
+  full safetensors state dict equal bit for bit to the gathered trained weights, which reloads bit-exact.
+- fsdp.yaml / ddp_gpu.yaml (GPU configs) on a machine without CUDA: refused with a message naming the CPU config.
+"""
 
 import json
 import os
@@ -9,10 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from training.distributed import state_dict_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE = Path(sys.executable).with_name("accelerate")
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU/gloo launch path is for machines without CUDA")
 
 
 def _free_port() -> int:
@@ -21,27 +31,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU/gloo launch path is for machines without CUDA")
-def test_two_process_ddp_on_cpu_trains_and_saves_a_loadable_checkpoint(tmp_path):
-    output_dir = tmp_path / "ddp"
-    launcher = [str(ACCELERATE), "launch"]
-    if not ACCELERATE.exists():
-        launcher = [sys.executable, "-m", "accelerate.commands.launch"]
+def _launch(config: str, output_dir: Path, *flags: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    launcher = (
+        [str(ACCELERATE), "launch"] if ACCELERATE.exists() else [sys.executable, "-m", "accelerate.commands.launch"]
+    )
     command = [
         *launcher,
-        *("--config_file", str(ROOT / "configs" / "accelerate" / "ddp_cpu.yaml")),
+        *("--config_file", str(ROOT / "configs" / "accelerate" / config)),
         *("--main_process_port", str(_free_port())),
-        str(ROOT / "training" / "train.py"),
-        str(ROOT / "configs" / "test-micro.yaml"),
-        *("--output_dir", str(output_dir), "--max_steps", "4", "--save_steps", "4", "--tasks", "mqar"),
+        *("-m", "training.train", str(ROOT / "configs" / "test-micro.yaml")),
+        *("--output_dir", str(output_dir), "--tasks", "mqar", "--eval_strategy", "no", *flags),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=output_dir.parent)
+
+
+@pytest.mark.slow
+@NO_CUDA
+def test_two_process_ddp_on_cpu_trains_and_saves_a_loadable_checkpoint(tmp_path):
+    output_dir = tmp_path / "ddp"
+    result = _launch("ddp_cpu.yaml", output_dir, "--max_steps", "4", "--save_steps", "4")
     assert result.returncode == 0, result.stderr[-4000:]
 
     details = json.loads((output_dir / "metrics.json").read_text())["details"]
     assert details["world_size"] == 2 and details["effective_batch"] == 16 and details["steps"] == 4
+    assert details["parallelism"] == "cpu-ddp"
+    assert details["parameters_per_rank"] == [details["parameters"]] * 2  # DDP: every rank holds everything
     state = json.loads((output_dir / "checkpoint-4" / "trainer_state.json").read_text())
     assert state["global_step"] == 4 and state["log_history"][0]["loss"] > 0
 
@@ -51,3 +66,42 @@ def test_two_process_ddp_on_cpu_trains_and_saves_a_loadable_checkpoint(tmp_path)
         logits = model(**tokenizer("aXbY|a", return_tensors="pt")).logits
     assert torch.isfinite(logits).all()
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.slow
+@NO_CUDA
+def test_two_process_fsdp_on_cpu_shards_and_saves_one_full_state_dict(tmp_path):
+    output_dir = tmp_path / "fsdp"
+    result = _launch("fsdp_cpu.yaml", output_dir, "--max_steps", "3", "--save_strategy", "no")
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    details = json.loads((output_dir / "metrics.json").read_text())["details"]
+    assert details["parallelism"] == "cpu-fsdp" and details["world_size"] == 2 and details["steps"] == 3
+    total, per_rank = details["parameters"], details["parameters_per_rank"]
+    assert len(per_rank) == 2 and sum(per_rank) >= total  # FSDP2 pads a dim-0 shard by at most one row
+    for held in per_rank:
+        assert abs(held - total / 2) < 0.02 * total, per_rank  # each rank holds about half
+
+    saved = load_file(output_dir / "model.safetensors")
+    reloaded = AutoModelForCausalLM.from_pretrained(output_dir).state_dict()
+    assert not any("_fsdp" in name or "module." in name for name in saved)  # plain names, full shapes
+    for name, tensor in saved.items():
+        assert tensor.shape == reloaded[name].shape, name
+    digest = details["saved_state_dict"]
+    common = set(saved) - set(digest["only_in_file"])
+    assert len(common) >= len(saved) - 1 and not digest["only_in_gather"]  # at most a tied lm_head differs
+    # bit-exact: the gathered trained weights (hashed in the training process) = the file = the reloaded model
+    assert state_dict_digest(saved, common) == digest["sha256"]
+    assert state_dict_digest(reloaded, common) == digest["sha256"]
+    for name in digest["only_in_file"]:
+        torch.testing.assert_close(reloaded[name], saved[name], atol=0, rtol=0)
+    assert all(torch.isfinite(t).all() for t in saved.values())
+
+
+@NO_CUDA
+@pytest.mark.parametrize(("config", "names"), [("fsdp.yaml", "fsdp_cpu.yaml"), ("ddp_gpu.yaml", "ddp_cpu.yaml")])
+def test_gpu_configs_refuse_on_a_machine_without_cuda(tmp_path, config, names):
+    result = _launch(config, tmp_path / "out", "--max_steps", "1", timeout=120)
+    assert result.returncode != 0
+    assert "CUDA is not available" in result.stderr and names in result.stderr
+    assert not (tmp_path / "out").exists()

@@ -1,4 +1,5 @@
-"""Evaluation metrics are exact: a uniform model has perplexity = vocab size, an oracle scores 1.0."""
+"""Evaluation metrics are exact (a uniform model has perplexity = vocab size, an oracle scores 1.0); the report
+plots eval loss beside train loss and the card's metadata carries the measured metrics as a model-index."""
 
 import json
 import math
@@ -6,8 +7,9 @@ import math
 import torch
 from transformers.modeling_outputs import CausalLMOutput
 
+from training.report import card_data, loss_points, render_model_card, write_report
 from zpx_hf.data_tasks import task_dataset, text_dataset
-from zpx_hf.evaluation import evaluate_model, perplexity, render_model_card, task_accuracy, write_report
+from zpx_hf.evaluation import evaluate_model, perplexity, task_accuracy
 
 
 class Uniform(torch.nn.Module):
@@ -49,11 +51,34 @@ def test_report_and_card(tmp_path):
     paths = write_report(str(tmp_path), metrics, history, title="t", details={"steps": 2})
     payload = json.loads((tmp_path / "metrics.json").read_text())
     assert payload["loss_curve"] == {"train": [[1, 3.0], [2, 2.0]], "eval": [[2, 2.5]]}
-    assert paths["png"].endswith("loss_curve.png") and "| mqar exact match | 1.000 |" in open(paths["markdown"]).read()
+    report = open(paths["markdown"]).read()
+    assert paths["png"].endswith("loss_curve.png") and "| mqar exact match | 1.000 |" in report
+    assert "![Training loss and held-out evaluation loss](loss_curve.png)" in report
     context = {
-        "model_type": "zpx", "model_name": "m", "repo_id": "me/m", "config_file": "c.yaml", "license": "apache-2.0",
-        "tags": ["zpx"], "datasets": ["d"], "config": {"hidden_size": 8}, "data_description": "- d",
-        "training": {"steps": 2}, "metrics": metrics,
+        "model_type": "zpx", "model_name": "m", "repo_id": "me/m", "config_file": "c.yaml",
+        "config": {"hidden_size": 8}, "data_description": "- d", "training": {"steps": 2}, "metrics": metrics,
+        "output_dir": str(tmp_path),
     }  # fmt: skip
-    card = render_model_card(None, context)
-    assert card.startswith("---\nlibrary_name: transformers\nlicense: apache-2.0\n") and "me/m" in card
+    data = card_data(model_name="m", tags=["zpx"], datasets=["d"], metrics=metrics, corpus="d")
+    card = render_model_card(None, context, data)
+    header = card.split("---")[1]
+    assert "license: apache-2.0" in header and "library_name: transformers" in header and "me/m" in card
+    assert "model-index:" in header and "type: perplexity" in header and "type: exact_match" in header
+    perplexity_value = metrics["heldout"]["perplexity"]
+    assert f"value: {round(perplexity_value, 4)}" in header
+    assert "(loss_curve.png)" in card
+
+
+def test_loss_points_keep_every_evaluation_set():
+    history = [
+        {"step": 2, "loss": 3.0},
+        {"step": 2, "eval_mqar_loss": 2.0, "eval_passkey_loss": 1.5},
+        {"step": 4, "eval_loss": 1.0},
+        {"train_runtime": 1.0},
+    ]
+    assert loss_points(history) == {
+        "train": [(2, 3.0)],
+        "eval": [(4, 1.0)],
+        "eval_mqar": [(2, 2.0)],
+        "eval_passkey": [(2, 1.5)],
+    }

@@ -14,10 +14,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "training"))
+from training.train import load_run_config, run_training
 
-from train import load_run_config, run_training  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MICRO = str(ROOT / "configs" / "test-micro.yaml")
 
@@ -79,6 +78,10 @@ def test_checkpoint_is_self_contained_with_tokenizer_card_and_report(trained):
     assert (out / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     losses = [e["loss"] for e in trained["trainer"].state.log_history if "loss" in e]
     assert losses[-1] < losses[0]
+    # the loss curve carries the held-out loss of every evaluation (eval_steps 4 of 8) beside the training loss
+    curve = json.loads((out / "metrics.json").read_text())["loss_curve"]
+    assert [step for step, _ in curve["eval"]] == [4, 8] and len(curve["train"]) == 4
+    assert "model-index:" in header and "type: perplexity" in header
 
 
 def test_checkpoint_reloads_offline_without_zpx_hf(trained):
@@ -116,7 +119,8 @@ def test_local_text_file_as_training_data(tmp_path):
     assert result["metrics"]["heldout"]["tokens"] > 0
     assert set(result["metrics"]["tasks"]) == {"mqar"}
     card = (tmp_path / "out" / "README.md").read_text()
-    assert "- notes.txt" in card and "`" + str(corpus) + "`" in card
+    assert "- notes.txt" in card and "local `notes.txt`" in card
+    assert str(tmp_path) not in card and str(tmp_path) not in (tmp_path / "out" / "report.md").read_text()
 
 
 class StopAt(TrainerCallback):

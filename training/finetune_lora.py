@@ -1,20 +1,23 @@
-#!/usr/bin/env python
 """LoRA fine-tuning of a saved zpx-hf checkpoint with PEFT and the HF `Trainer`.
 
-    python training/finetune_lora.py configs/zpx-tiny-lora.yaml [--base_model runs/zpx-tiny --max_steps 100 ...]
-    accelerate launch --config_file configs/accelerate/ddp_cpu.yaml training/finetune_lora.py configs/zpx-tiny-lora.yaml
+    zpx-finetune-lora configs/zpx-tiny-lora.yaml [--base_model runs/zpx-tiny --max_steps 100 ...]
+    accelerate launch --config_file configs/accelerate/ddp_cpu.yaml -m training.finetune_lora configs/zpx-tiny-lora.yaml
 
-YAML layout: top-level `FinetuneArguments` (`base_model`, ...), `lora:` (`LoraArguments`), `data:` and
-`training:` as in `training/train.py`. For ZPX the adapters go on the attention projections
-(`q_proj, k_proj, v_proj, o_proj`) and the phase encoder (`to_log_r, to_theta, to_b`); other families
-default to every linear layer but the LM head. The output folder holds the adapter (safetensors) and the
-tokenizer; `merged_output_dir` also receives the merged, self-contained remote-code checkpoint.
-After training, `merge_and_unload()` is checked against the adapter model on held-out inputs and the
-largest logit difference is written to `metrics.json`.
+YAML layout: top-level `FinetuneArguments` (`base_model`, ...) and `RunArguments`, `lora:` (`LoraArguments`),
+`data:` and `training:` as in `zpx-train`. `base_model` is a local checkpoint folder; a model on the Hub is
+named `hf://owner/name`, so a missing folder is an error and never a Hub download. Model code saved with the
+checkpoint runs only with `trust_remote_code: true` (zpx-hf families load with the installed package).
+For ZPX the adapters go on the attention projections and the phase encoder; other families default to
+every linear layer but the LM head. The output folder holds the adapter (safetensors), the tokenizer and an
+adapter model card; `merged_output_dir` receives the merged, self-contained checkpoint with its own card.
+After training, `merge_and_unload()` is checked against the adapter model in float64 (the merge is exact
+algebra, W x + s B(A x) = (W + s B A) x, so only float64 rounding remains) and the largest logit difference
+is written to `metrics.json`.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import time
@@ -23,29 +26,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from train import (  # noqa: E402
-    ConfigError,
-    DataArguments,
-    RunConfig,
-    build_datasets,
-    build_trainer,
-    cli_main,
-    parse_config_file,
-    resolve_resume,
-    validate_data_args,
-)
+from .cli import cli_main
+from .config import ConfigError, RunArguments, RunConfig, check_positions, parse_config_file
+from .data import DataArguments, build_datasets, dataset_tags, validate_data_args
+from .report import card_data, mapping_table, model_card_template, render_model_card, write_report
+from .trainer import build_trainer, prepare_output_dir
 
 LORA_TARGETS = {"zpx": ["q_proj", "k_proj", "v_proj", "o_proj", "to_log_r", "to_theta", "to_b"]}
+HUB_PREFIX = "hf://"
 
 
 @dataclass
 class FinetuneArguments:
     """Top-level keys of a LoRA config."""
 
-    base_model: str | None = field(default=None, metadata={"help": "Checkpoint folder (or Hub id) to adapt."})
-    trust_remote_code: bool = field(default=True, metadata={"help": "Load the checkpoint's own modelling code."})
+    base_model: str | None = field(
+        default=None, metadata={"help": "Checkpoint folder to adapt, or hf://owner/name for a Hub model."}
+    )
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "Run the model code saved with the checkpoint (only for code you trust)."}
+    )
     merged_output_dir: str | None = field(
         default=None, metadata={"help": "Also save the merged (LoRA folded in) full checkpoint here."}
     )
@@ -65,26 +65,31 @@ class LoraArguments:
     bias: str = field(default="none", metadata={"help": "peft bias mode: none, all or lora_only."})
 
 
+def base_model_source(base: str) -> tuple[str, str | None]:
+    """`(what from_pretrained loads, Hub id or None)`: `hf://owner/name` is a Hub id, anything else a folder."""
+    if base.startswith(HUB_PREFIX):
+        return base[len(HUB_PREFIX) :], base[len(HUB_PREFIX) :]
+    return os.path.expanduser(base), None
+
+
 def load_finetune_config(path: str, cli_args: Sequence[str] = ()) -> RunConfig:
     """Parse and validate a LoRA config; raises `ConfigError` naming the key before anything is loaded."""
     from transformers import TrainingArguments
 
-    from zpx_hf.data_tasks import is_local_source
-
     run = parse_config_file(
         path,
         cli_args,
-        top=FinetuneArguments,
+        tops=(FinetuneArguments, RunArguments),
         sections={"lora": LoraArguments, "data": DataArguments, "training": TrainingArguments},
-        mappings=(),
     )
     base = run[FinetuneArguments].base_model
     if base is None:
         raise ConfigError(f"{path}: key `base_model` is missing: give the checkpoint folder to fine-tune.")
-    if is_local_source(base) and not os.path.isfile(os.path.join(os.path.expanduser(base), "config.json")):
+    location, hub_id = base_model_source(base)
+    if hub_id is None and not os.path.isfile(os.path.join(location, "config.json")):
         raise ConfigError(
-            f"{path}: key `base_model`: {base!r} is not a checkpoint folder (no config.json); "
-            "train one first, e.g. `python training/main_job.py`."
+            f"{path}: key `base_model`: {base!r} is not a checkpoint folder (no config.json); train one first "
+            f"(e.g. `zpx-main`), or write {HUB_PREFIX}owner/name for a model on the Hugging Face Hub."
         )
     lora = run[LoraArguments]
     if lora.rank < 1:
@@ -104,39 +109,56 @@ def lora_targets(model_type: str, requested: list[str] | None) -> list[str] | st
     return LORA_TARGETS.get(model_type, "all-linear")
 
 
-def merged_logit_difference(peft_model: Any, inputs: dict[str, Any]) -> tuple[Any, float]:
-    """Merge the adapter into the base weights; returns the merged model and max |logits(adapter) - logits(merged)|."""
+def merged_logit_difference(peft_model: Any, inputs: dict[str, Any]) -> float:
+    """max |logits(adapter) - logits(merged)| of a float64 copy of `peft_model` (the model itself is untouched).
+
+    In exact arithmetic the two are equal; float64 leaves ~1e-15 relative noise, where fp32 would leave ~1e-6
+    (max |logit| x 2^-23 x the depth of the sums), the size of the effect a wrong merge could hide behind."""
     import torch
 
-    peft_model.eval()
+    reference = copy.deepcopy(peft_model).to(torch.float64).eval()
     with torch.no_grad():
-        before = peft_model(**inputs).logits
-        merged = peft_model.merge_and_unload()
-        after = merged(**inputs).logits
-    return merged, (before - after).abs().max().item()
+        before = reference(**inputs).logits
+        after = reference.merge_and_unload()(**inputs).logits
+    return (before - after).abs().max().item()
+
+
+def load_base(args: FinetuneArguments) -> tuple[Any, Any]:
+    """Tokenizer and model of `base_model`; remote code only when `trust_remote_code` is set."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import zpx_hf  # noqa: F401 - registers the families, so their checkpoints load without remote code
+
+    location, hub_id = base_model_source(args.base_model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=args.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(location, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError) as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ConfigError(
+            f"key `base_model` = {args.base_model!r} cannot be loaded ({first}); a checkpoint with its own model "
+            "code needs `trust_remote_code: true`, and only for code you trust."
+        ) from error
+    return tokenizer, model
 
 
 def run_finetune(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
-    """LoRA-train, save the adapter, check and (optionally) save the merge, evaluate, write the report.
+    """LoRA-train, save the adapter, check and (optionally) save the merge, evaluate, write report and cards.
 
     Returns `{"output_dir", "metrics", "base_metrics", "train_metrics", "trainer", "merged", "datasets"}`.
     """
     import torch
     from peft import LoraConfig, TaskType, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments, set_seed
+    from transformers import TrainingArguments, set_seed
 
-    from zpx_hf.evaluation import evaluate_model, write_report
+    from zpx_hf.evaluation import evaluate_model
 
     args, lora, data = run[FinetuneArguments], run[LoraArguments], run[DataArguments]
     training_args = run[TrainingArguments]
-    resume = resolve_resume(training_args)
+    resume = prepare_output_dir(training_args, run.fingerprint(), run[RunArguments].overwrite_output_dir, run.path)
     started = time.time()
-    tokenizer = AutoTokenizer.from_pretrained(args.base_model, trust_remote_code=args.trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(args.base_model, trust_remote_code=args.trust_remote_code)
-    max_positions = getattr(model.config, "max_position_embeddings", None)
-    if isinstance(max_positions, int) and data.seq_len > max_positions:
-        if not getattr(model.config, "allow_longer_positions", False):
-            raise ConfigError(f"key `data.seq_len` = {data.seq_len} exceeds the base model's {max_positions}.")
+    tokenizer, model = load_base(args)
+    check_positions("base_model", model.config, data.seq_len)
     datasets = build_datasets(data)
     batch = training_args.per_device_eval_batch_size
     base_metrics = evaluate_model(model, datasets["heldout"], datasets["tasks"], batch)
@@ -152,26 +174,27 @@ def run_finetune(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
         bias=lora.bias,
     )
     peft_model = get_peft_model(model, peft_config)
+    _, hub_id = base_model_source(args.base_model)
+    base_name = hub_id or Path(args.base_model).resolve().name  # adapter_config.json never names a local path
+    peft_model.peft_config["default"].base_model_name_or_path = base_name
     trainable, total = peft_model.get_nb_trainable_parameters()
-    if training_args.label_names is None:
-        training_args.label_names = ["labels"]
-    trainer = build_trainer(peft_model, tokenizer, training_args, datasets["train"], datasets["heldout"], callbacks)
+    trainer = build_trainer(peft_model, tokenizer, training_args, datasets["train"], datasets["eval"], callbacks)
     train_output = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model()  # adapter_model.safetensors + adapter_config.json + tokenizer
     train_metrics = dict(train_output.metrics)
 
     metrics: dict[str, Any] = {}
     merged = None
+    output_dir = training_args.output_dir
     if trainer.is_world_process_zero():
         probe = datasets["heldout"] if datasets["heldout"] is not None else next(iter(datasets["tasks"].values()))
         rows = probe[: min(len(probe), 8)]
         device = next(peft_model.parameters()).device
         inputs = {key: torch.tensor(rows[key], device=device) for key in ("input_ids", "attention_mask")}
-        merged, difference = merged_logit_difference(peft_model, inputs)
-        metrics = evaluate_model(merged, datasets["heldout"], datasets["tasks"], batch)
-        metrics["merge_max_abs_logit_difference"] = difference
+        difference = merged_logit_difference(peft_model, inputs)
+        adapter_metrics = evaluate_model(peft_model, datasets["heldout"], datasets["tasks"], batch)
         details = {
-            "base_model": args.base_model,
+            "base_model": base_name,
             "target_modules": ", ".join(targets) if isinstance(targets, list) else targets,
             "rank": lora.rank,
             "alpha": lora.alpha,
@@ -182,17 +205,52 @@ def run_finetune(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
             "train_runtime_s": round(train_metrics.get("train_runtime", 0.0), 1),
         }
         details.update({f"base {k}": v for k, v in _flat(base_metrics).items()})
+        metrics = {**adapter_metrics, "merge_max_abs_logit_difference_float64": difference}
         history = trainer.state.log_history
-        write_report(training_args.output_dir, metrics, history, title="LoRA fine-tune", details=details)
+        write_report(output_dir, metrics, history, title="LoRA fine-tune", details=details)
+        context = {
+            "model_type": model.config.model_type,
+            "base_model": base_name,
+            "lora_table": mapping_table({k: details[k] for k in ("target_modules", "rank", "alpha")}),
+            "data_description": "\n".join(f"- {line}" for line in datasets["description"]),
+            "training": details,
+            "metrics": adapter_metrics,
+            "merge_difference": f"{difference:.1e}",
+        }
+        cards = {"adapter": (output_dir, "peft")}
+        if args.merged_output_dir:
+            cards["merged"] = (args.merged_output_dir, "transformers")
+        merged = peft_model.merge_and_unload()
         if args.merged_output_dir:
             merged.save_pretrained(args.merged_output_dir)
             tokenizer.save_pretrained(args.merged_output_dir)
+        for kind, (folder, library) in cards.items():
+            name = training_args.hub_model_id if kind == "adapter" and training_args.hub_model_id else Path(folder).name
+            card_context = {
+                **context,
+                "model_name": name,
+                "repo_id": training_args.hub_model_id or f"path/to/{name}",
+                "output_dir": folder,
+            }
+            tags = ["zpx-hf", model.config.model_type, "lora", "text-generation"]
+            tags += ["peft"] if kind == "adapter" else ["custom_code", "merged-lora"]
+            metadata = card_data(
+                model_name=name,
+                tags=tags,
+                datasets=dataset_tags(data),
+                metrics=adapter_metrics,
+                corpus=dataset_tags(data)[0] if data.text_source != "none" else None,
+                base_model=hub_id,
+                library_name=library,
+            )
+            text = render_model_card(model_card_template(f"lora-{kind}"), card_context, metadata)
+            Path(folder, "README.md").write_text(text, encoding="utf-8")
     trainer.accelerator.wait_for_everyone()
     if training_args.push_to_hub:
-        trainer.push_to_hub(commit_message="LoRA adapter trained with zpx-hf training/finetune_lora.py")
+        trainer.push_to_hub(commit_message="LoRA adapter trained with zpx-hf zpx-finetune-lora")
     train_metrics["total_runtime"] = time.time() - started
     return {
-        "output_dir": training_args.output_dir,
+        "output_dir": output_dir,
         "metrics": metrics,
         "base_metrics": base_metrics,
         "train_metrics": train_metrics,
@@ -212,9 +270,13 @@ def _flat(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`zpx-finetune-lora CONFIG [--flag value ...]`."""
+
     def done(result: dict) -> str:
-        difference = result["metrics"]["merge_max_abs_logit_difference"]
-        return f"merge check: max |logit difference| = {difference:.2e}\nadapter saved to {result['output_dir']}"
+        difference = result["metrics"]["merge_max_abs_logit_difference_float64"]
+        return (
+            f"merge check (float64): max |logit difference| = {difference:.2e}\nadapter saved to {result['output_dir']}"
+        )
 
     return cli_main(argv, __doc__, load_finetune_config, run_finetune, done)
 

@@ -1,15 +1,16 @@
-#!/usr/bin/env python
-"""The README's main job: train zpx-tiny on embedded data on the CPU, evaluate, save, reload, generate.
+"""The README's main job: train zpx-tiny on embedded data on the CPU, evaluate, draw, save, reload, generate.
 
-    python training/main_job.py                                   # configs/zpx-tiny.yaml -> runs/zpx-tiny
-    python training/main_job.py --config configs/pct-tiny.yaml    # any family's config
-    python training/main_job.py --threads 2                       # torch intra-op threads (default 1)
-    python training/main_job.py --max_steps 50                    # extra flags go to training/train.py
-    python training/main_job.py --summary benchmarks/results/main_job.md   # also write the README summary
+    zpx-main                                # configs/zpx-tiny.yaml -> runs/zpx-tiny (or python -m training.main_job)
+    zpx-main --config configs/pct-tiny.yaml         # any family's config
+    zpx-main --threads 2                            # torch intra-op threads (default 1)
+    zpx-main --max_steps 50                         # extra flags go to zpx-train
+    zpx-main --summary benchmarks/results/main_job.md   # also write the README summary
 
 No network is used: the corpus is CPython's embedded docs, the tasks are generated in code, and the
 checkpoint is reloaded offline through `AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True)`
-from the copied modelling code.
+from the copied modelling code. The run folder also gets the inspection pictures (`training.inspection`),
+embedded in its report and model card. A second run into the same folder replaces the first
+(`--overwrite_output_dir true` is the job's default).
 
 One intra-op thread by default: for a model this small a second thread gains little, and on a shared
 2-core machine it made each step 3-6x slower whenever another process was running (0.22 s/step with one
@@ -26,13 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from train import REPO_ROOT, ConfigError, DataArguments, load_run_config, run_training  # noqa: E402
+from .cli import guarded
+from .data import DataArguments
+from .train import REPO_ROOT, load_run_config, run_training
 
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "zpx-tiny.yaml"
 PROMPT = 'The "if" statement'
@@ -62,6 +59,10 @@ with open(report, "w", encoding="utf-8") as f:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`zpx-main [--config FILE] [--threads N] [--summary FILE] [zpx-train flags ...]`."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = list(sys.argv[1:] if argv is None else argv)
     own = {"--config": str(DEFAULT_CONFIG), "--threads": "1", "--summary": ""}
     for flag in own:
@@ -81,20 +82,21 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging
 
     from zpx_hf.data_tasks import task_examples
-    from zpx_hf.evaluation import metrics_table
     from zpx_hf.tokenization_bytes import build_byte_tokenizer, ids_to_text
 
+    from .report import metrics_table
+
     logging.set_verbosity_error()
-    try:
-        run = load_run_config(config, argv)
-    except ConfigError as error:
-        print(f"config error: {error}", file=sys.stderr)
-        return 2
     threads = torch.get_num_threads()
+    code, run = guarded(lambda: load_run_config(config, ["--overwrite_output_dir", "true", "--inspect", "true", *argv]))
+    if run is None:
+        return code
     print(f"[1/3] training {run.model_config.model_type} from {config} ({threads} CPU thread{'s' * (threads != 1)})")
-    result = run_training(run)
+    code, result = guarded(lambda: run_training(run))
+    if result is None:
+        return code
     output_dir = result["output_dir"]
-    trained = result["trainer"].model.eval()
+    trained = result["model"].eval()
     tokenizer = build_byte_tokenizer()
 
     print(f"[2/3] reloading {output_dir} with AutoModelForCausalLM(trust_remote_code=True) in a fresh Python")
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     total = time.time() - started
     print(
         f"train loss {train.get('train_loss', float('nan')):.4f} | train {train.get('train_runtime', 0):.1f} s | "
-        f"total {total:.0f} s | checkpoint: {output_dir} (report.md, metrics.json, loss_curve.png)"
+        f"total {total:.0f} s | checkpoint: {output_dir} (report.md, metrics.json, loss_curve.png, inspection/)"
     )
     if own["--summary"]:
         write_summary(Path(own["--summary"]), config, run, result, total, threads, drift, reloaded["sample"])
@@ -146,15 +148,15 @@ def write_summary(
     import torch
     import transformers
 
-    from zpx_hf.evaluation import metrics_table
+    from .report import metrics_table
 
     train = result["train_metrics"]
-    model = result["trainer"].model
+    model = result["model"]
     steps = max(result["trainer"].state.global_step, 1)
     params = sum(p.numel() for p in model.parameters())
     snippet = " ".join(sample.split())[:160]
     lines = [
-        f"Measured by `python training/main_job.py --summary {path.as_posix()}` on "
+        f"Measured by `zpx-main --summary {path.as_posix()}` on "
         f"{time.strftime('%Y-%m-%d')} ({platform.machine()}, {os.cpu_count()} CPU cores, {threads} intra-op "
         f"thread{'s' * (threads != 1)}, torch {torch.__version__}, transformers {transformers.__version__}), "
         f"config `{Path(config).relative_to(REPO_ROOT) if Path(config).is_absolute() else config}`, "

@@ -1,58 +1,18 @@
-"""Evaluation for any causal LM of the package: held-out perplexity, exact synthetic-task accuracy,
-and the written outputs (metrics JSON, Markdown report, loss-curve PNG, filled model card).
+"""Evaluation for any causal LM of the package: held-out perplexity and exact synthetic-task accuracy.
 
 Perplexity is the token-weighted mean next-token cross-entropy of the LM head only (the ZPX
 centre-cancellation term is a regulariser, not part of the likelihood). Task accuracy counts an
 answer position t correct when `argmax logits[t-1] == input_ids[t]`; `exact_match` needs every
-answer token of an example right. matplotlib is imported only when a plot is drawn.
+answer token of an example right. Reports, plots and model cards are written by `training.report`.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import string
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-
-GENERIC_CARD = """---
-library_name: transformers
-license: ${license}
-tags:
-${tags_yaml}
-datasets:
-${datasets_yaml}
-metrics:
-- perplexity
-- accuracy
----
-
-# ${model_name}
-
-A `${model_type}` causal language model trained with zpx-hf's `training/train.py` from `${config_file}`.
-Load it with `trust_remote_code=True` (the modelling code ships with the checkpoint):
-
-```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
-model = AutoModelForCausalLM.from_pretrained("${repo_id}", trust_remote_code=True)
-tokenizer = AutoTokenizer.from_pretrained("${repo_id}")
-```
-
-## Configuration
-${config_table}
-
-## Training data
-${data_description}
-
-## Training
-${training_table}
-
-## Evaluation
-${metrics_table}
-"""
 
 
 def _batches(dataset: Any, batch_size: int) -> Iterable[dict[str, torch.Tensor]]:
@@ -126,109 +86,4 @@ def evaluate_model(
     return metrics
 
 
-def loss_points(log_history: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[int, float]]]:
-    """Training and evaluation loss points `(step, loss)` from `Trainer.state.log_history`."""
-    train = [(int(e["step"]), float(e["loss"])) for e in log_history if "loss" in e and "step" in e]
-    evals = [(int(e["step"]), float(e["eval_loss"])) for e in log_history if "eval_loss" in e and "step" in e]
-    return {"train": train, "eval": evals}
-
-
-def plot_loss_curve(log_history: Sequence[Mapping[str, Any]], path: str, title: str = "loss") -> str | None:
-    """Write a loss-curve PNG; returns the path, or None when there is nothing to plot."""
-    points = loss_points(log_history)
-    if not points["train"] and not points["eval"]:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    for name, style in (("train", "-"), ("eval", "o--")):
-        if points[name]:
-            steps, losses = zip(*points[name])
-            ax.plot(steps, losses, style, label=f"{name} loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats / byte)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
-def metrics_table(metrics: Mapping[str, Any]) -> str:
-    """Markdown table of held-out and task metrics."""
-    rows = ["| metric | value |", "|---|---|"]
-    heldout = metrics.get("heldout")
-    if heldout:
-        rows.append(f"| held-out perplexity (per byte) | {heldout['perplexity']:.3f} |")
-        rows.append(f"| held-out bits per byte | {heldout['bits_per_byte']:.3f} |")
-    for name, result in metrics.get("tasks", {}).items():
-        rows.append(f"| {name} answer-token accuracy | {result['token_accuracy']:.3f} |")
-        rows.append(f"| {name} exact match | {result['exact_match']:.3f} |")
-    return "\n".join(rows)
-
-
-def _mapping_table(values: Mapping[str, Any]) -> str:
-    rows = ["| key | value |", "|---|---|"]
-    rows += [f"| `{key}` | `{value}` |" for key, value in values.items()]
-    return "\n".join(rows)
-
-
-def write_report(
-    output_dir: str,
-    metrics: Mapping[str, Any],
-    log_history: Sequence[Mapping[str, Any]] = (),
-    title: str = "evaluation",
-    details: Mapping[str, Any] | None = None,
-) -> dict[str, str]:
-    """Write `metrics.json`, `report.md` and `loss_curve.png` into `output_dir`; returns their paths."""
-    os.makedirs(output_dir, exist_ok=True)
-    paths = {"json": os.path.join(output_dir, "metrics.json"), "markdown": os.path.join(output_dir, "report.md")}
-    payload = {"metrics": dict(metrics), "details": dict(details or {}), "loss_curve": loss_points(log_history)}
-    with open(paths["json"], "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=2)
-    png = plot_loss_curve(log_history, os.path.join(output_dir, "loss_curve.png"), title=title)
-    lines = [f"# {title}", "", metrics_table(metrics), ""]
-    if details:
-        lines += ["## Run", "", _mapping_table(details), ""]
-    if png:
-        paths["png"] = png
-        lines += ["## Loss curve", "", "![loss curve](loss_curve.png)", ""]
-    with open(paths["markdown"], "w", encoding="utf-8") as f:
-        f.write("\n".join(lines))
-    return paths
-
-
-def _yaml_list(items: Sequence[str]) -> str:
-    return "\n".join(f"- {item}" for item in items) if items else "[]"
-
-
-def render_model_card(template: str | None, context: Mapping[str, Any]) -> str:
-    """Fill a `model_cards/<family>.md` template (`${name}` fields) from a run's context.
-
-    `context` needs `model_type`, `model_name`, `repo_id`, `config_file`, `license`, `tags`, `datasets`, `config`,
-    `data_description`, `training` and `metrics`; the tables and YAML lists are derived here.
-    """
-    values = dict(context)
-    values["tags_yaml"] = _yaml_list(context["tags"])
-    values["datasets_yaml"] = _yaml_list(context["datasets"])
-    values["config_table"] = _mapping_table(context["config"])
-    values["training_table"] = _mapping_table(context["training"])
-    values["metrics_table"] = metrics_table(context["metrics"])
-    return string.Template(template if template is not None else GENERIC_CARD).substitute(values)
-
-
-__all__ = [
-    "evaluate_model",
-    "loss_points",
-    "metrics_table",
-    "perplexity",
-    "plot_loss_curve",
-    "render_model_card",
-    "task_accuracy",
-    "write_report",
-]
+__all__ = ["evaluate_model", "perplexity", "task_accuracy"]

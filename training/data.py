@@ -1,0 +1,304 @@
+"""The `data:` section: text corpus and synthetic tasks, checked up front and built into datasets.
+
+All task knowledge of the training jobs lives in `TASK_SPECS`: which `DataArguments` fields feed each
+task generator of `zpx_hf.data_tasks`, how many tokens an example needs, and which key to change when
+it does not fit. Local text files are checked before any model is built (empty, not UTF-8, a CSV with a
+header only, a folder mixing file types), so a bad corpus fails with one line naming the file and the fix.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigError
+
+COLUMNS = ["input_ids", "attention_mask", "labels"]
+
+
+@dataclass
+class DataArguments:
+    """The `data:` section: embedded text corpus or a local/cached dataset, plus synthetic tasks."""
+
+    text_source: str = field(
+        default="pydoc",
+        metadata={
+            "help": "'pydoc' (CPython's embedded docs), 'none' (tasks only), a local .txt/.md/.json/.jsonl/.csv/"
+            ".parquet file, a local folder (save_to_disk output or data files), or a dataset id that `datasets` "
+            "can load (offline: from the cache)."
+        },
+    )
+    text_column: str = field(default="text", metadata={"help": "Text column of json/csv/parquet/Hub data."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Config name of a Hub dataset."})
+    dataset_split: str = field(default="train", metadata={"help": "Split of a Hub dataset to read."})
+    max_documents: int | None = field(default=None, metadata={"help": "Read at most this many documents."})
+    seq_len: int = field(default=128, metadata={"help": "Tokens (bytes) per training example."})
+    heldout_fraction: float = field(default=0.1, metadata={"help": "Fraction of documents held out for perplexity."})
+    split_seed: int = field(default=0, metadata={"help": "Seed of the train/held-out document split."})
+    max_train_blocks: int | None = field(default=None, metadata={"help": "Cap on training text blocks."})
+    max_eval_blocks: int | None = field(default=256, metadata={"help": "Cap on held-out text blocks."})
+    tasks: list[str] = field(
+        default_factory=lambda: ["mqar", "passkey", "selective_copy"],
+        metadata={"help": "Synthetic tasks mixed into training and evaluated: mqar, passkey, selective_copy."},
+    )
+    train_examples_per_task: int = field(default=2000, metadata={"help": "Training examples per task."})
+    eval_examples_per_task: int = field(default=200, metadata={"help": "Held-out examples per task."})
+    task_seed: int = field(default=0, metadata={"help": "Seed of the training tasks (evaluation uses task_seed+1)."})
+    mqar_num_pairs: int = field(default=8, metadata={"help": "Key-value pairs per MQAR example (<= 26)."})
+    mqar_num_queries: int | None = field(default=None, metadata={"help": "Queries per MQAR example (default all)."})
+    passkey_length: int | None = field(default=None, metadata={"help": "Pass-key example length (default seq_len)."})
+    passkey_digits: int = field(default=5, metadata={"help": "Digits of the pass key."})
+    selective_copy_num_tokens: int = field(default=8, metadata={"help": "Tokens to copy."})
+    selective_copy_num_positions: int = field(default=32, metadata={"help": "Noise slots holding the tokens."})
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """How one synthetic task reads `DataArguments`: generator parameters, tokens needed, the key to change."""
+
+    params: Callable[[DataArguments], dict[str, Any]]
+    length: Callable[[DataArguments], int]
+    length_key: str
+
+
+TASK_SPECS: dict[str, TaskSpec] = {
+    "mqar": TaskSpec(
+        params=lambda d: {"num_pairs": d.mqar_num_pairs, "num_queries": d.mqar_num_queries},
+        length=lambda d: 2 + 2 * d.mqar_num_pairs + 2 * (d.mqar_num_queries or d.mqar_num_pairs),  # BOS, |, pairs
+        length_key="mqar_num_pairs",
+    ),
+    "passkey": TaskSpec(
+        params=lambda d: {"length": d.passkey_length or d.seq_len, "num_digits": d.passkey_digits},
+        length=lambda d: d.passkey_length or d.seq_len,
+        length_key="passkey_length",
+    ),
+    "selective_copy": TaskSpec(
+        params=lambda d: {"num_tokens": d.selective_copy_num_tokens, "num_positions": d.selective_copy_num_positions},
+        length=lambda d: 2 + d.selective_copy_num_positions + d.selective_copy_num_tokens,  # BOS, slots, |, copy
+        length_key="selective_copy_num_positions",
+    ),
+}
+
+MINIMUMS = {
+    "seq_len": 16,
+    "train_examples_per_task": 0,
+    "eval_examples_per_task": 1,
+    "passkey_digits": 1,
+    "mqar_num_pairs": 1,
+    "selective_copy_num_tokens": 1,
+    "selective_copy_num_positions": 1,
+}
+
+
+def validate_data_args(path: str, data: DataArguments) -> None:
+    """Range, feasibility and local-file checks of the `data:` section (before any data is built)."""
+    from zpx_hf.data_tasks import TASKS, is_local_source, passkey_examples
+
+    if set(TASK_SPECS) != set(TASKS):
+        raise RuntimeError(f"training.data.TASK_SPECS {sorted(TASK_SPECS)} != zpx_hf.data_tasks.TASKS {sorted(TASKS)}")
+    if data.text_source not in ("pydoc", "none") and is_local_source(data.text_source):
+        check_local_source(path, data.text_source, data.text_column)
+    for task in data.tasks:
+        if task not in TASK_SPECS:
+            raise ConfigError(f"{path}: key `data.tasks`: unknown task {task!r}; expected some of {sorted(TASKS)}.")
+    if data.text_source == "none" and not data.tasks:
+        raise ConfigError(f"{path}: key `data.tasks` is empty and `data.text_source` is 'none': nothing to train on.")
+    if data.text_source == "none" and data.train_examples_per_task == 0:
+        raise ConfigError(
+            f"{path}: key `data.train_examples_per_task` is 0 and `data.text_source` is 'none': nothing to train on."
+        )
+    for key, minimum in MINIMUMS.items():
+        if getattr(data, key) < minimum:
+            raise ConfigError(f"{path}: key `data.{key}` = {getattr(data, key)} must be >= {minimum}.")
+    if not 0 < data.heldout_fraction < 1:
+        raise ConfigError(f"{path}: key `data.heldout_fraction` = {data.heldout_fraction} must be in (0, 1).")
+    for task in data.tasks:
+        spec = TASK_SPECS[task]
+        if spec.length(data) > data.seq_len:
+            raise ConfigError(
+                f"{path}: key `data.{spec.length_key}`: task {task} needs {spec.length(data)} tokens but "
+                f"`data.seq_len` is {data.seq_len}."
+            )
+    if "passkey" in data.tasks:
+        try:
+            passkey_examples(1, 0, seq_len=data.passkey_length or data.seq_len, num_digits=data.passkey_digits)
+        except ValueError as error:
+            raise ConfigError(f"{path}: key `data.passkey_length`: {error}") from error
+
+
+def _data_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.parts))
+
+
+def check_local_source(path: str, source: str, text_column: str) -> None:
+    """A local corpus file or folder exists, is readable text and has rows; `ConfigError` naming the file if not."""
+    from zpx_hf.data_tasks import TEXT_FILE_BUILDERS
+
+    where = f"{path}: key `data.text_source`"
+    target = Path(os.path.expanduser(source))
+    if not target.exists():
+        raise ConfigError(
+            f"{where}: no such file {source!r}; give an existing local file, 'pydoc' (embedded corpus), "
+            "'none' (tasks only) or a dataset id."
+        )
+    if target.is_dir():
+        if (target / "dataset_info.json").exists() or (target / "dataset_dict.json").exists():
+            return  # `save_to_disk` output: `datasets` checks its own format
+        files = _data_files(target)
+        kinds = {TEXT_FILE_BUILDERS.get(p.suffix.lower()) for p in files}
+        if not files or None in kinds:
+            unknown = sorted({p.suffix or p.name for p in files if p.suffix.lower() not in TEXT_FILE_BUILDERS})
+            found = f"unsupported files {unknown}" if files else "no files"
+            raise ConfigError(
+                f"{where}: folder {source!r} holds {found}; keep only data files of one type "
+                f"{sorted(TEXT_FILE_BUILDERS)}."
+            )
+        if len(kinds) > 1:
+            suffixes = sorted({p.suffix.lower() for p in files})
+            raise ConfigError(
+                f"{where}: folder {source!r} mixes file types {suffixes}; keep one type per folder "
+                "(`datasets` reads a folder with one builder)."
+            )
+        for file in files:
+            _check_file(where, file, text_column)
+        return
+    if target.suffix.lower() not in TEXT_FILE_BUILDERS:
+        raise ConfigError(
+            f"{where}: cannot read {source!r}; expected a folder, one of {sorted(TEXT_FILE_BUILDERS)}, or 'pydoc'."
+        )
+    _check_file(where, target, text_column)
+
+
+def _check_file(where: str, file: Path, text_column: str) -> None:
+    suffix = file.suffix.lower()
+    if suffix == ".parquet":
+        if file.stat().st_size == 0:
+            raise ConfigError(f"{where}: {file} is empty; give a parquet file with a `{text_column}` column.")
+        return
+    raw = file.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{where}: {file} is not valid UTF-8 (byte 0x{raw[error.start]:02x} at offset {error.start}); "
+            "re-save it as UTF-8."
+        ) from None
+    if not text.strip():
+        raise ConfigError(f"{where}: {file} is empty; give a file with text in it.")
+    if suffix == ".csv":
+        rows = list(csv.reader(text.splitlines()))
+        header, body = rows[0], [row for row in rows[1:] if any(cell.strip() for cell in row)]
+        if text_column not in header:
+            raise ConfigError(
+                f"{where}: {file} has no column {text_column!r} (header: {header}); set `data.text_column`."
+            )
+        if not body:
+            raise ConfigError(f"{where}: {file} has a header but no rows; add rows of text.")
+
+
+def load_text_documents(data: DataArguments) -> list[str]:
+    """The corpus documents; a source that `datasets` cannot read becomes one `ConfigError` line."""
+    from zpx_hf.data_tasks import load_documents
+
+    try:
+        documents = load_documents(
+            data.text_source, data.text_column, data.dataset_config_name, data.dataset_split, data.max_documents
+        )
+    except (ValueError, FileNotFoundError, RuntimeError, OSError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(f"key `data.text_source` = {data.text_source!r}: {first}") from error
+    except Exception as error:  # datasets' DatasetGenerationError and builder errors
+        cause = error.__cause__ or error
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        raise ConfigError(
+            f"key `data.text_source` = {data.text_source!r}: `datasets` cannot read it ({first}); "
+            "give a UTF-8 text, json, csv or parquet file."
+        ) from error
+    if not documents:
+        raise ConfigError(
+            f"key `data.text_source` = {data.text_source!r} holds no text documents; give non-empty text."
+        )
+    return documents
+
+
+def source_name(source: str) -> str:
+    """How a text source is named in cards and reports: never an absolute local path."""
+    if source == "pydoc":
+        return "CPython `pydoc_data.topics` (embedded)"
+    from zpx_hf.data_tasks import is_local_source
+
+    return f"local `{Path(source).name}`" if is_local_source(source) else f"`{source}`"
+
+
+def build_datasets(data: DataArguments) -> dict[str, Any]:
+    """`train` (text blocks + task examples), `heldout` (text blocks or None), `tasks` (eval sets by name),
+    `eval` (what `Trainer` evaluates: held-out text, else the task sets) and `description` (card lines)."""
+    from datasets import concatenate_datasets
+
+    from zpx_hf.data_tasks import split_documents, task_dataset, text_dataset
+
+    parts, heldout, descriptions = [], None, []
+    if data.text_source != "none":
+        documents = load_text_documents(data)
+        train_docs, heldout_docs = split_documents(documents, data.heldout_fraction, data.split_seed)
+        try:
+            parts.append(text_dataset(train_docs, data.seq_len, data.max_train_blocks))
+        except ValueError as error:
+            raise ConfigError(
+                f"key `data.text_source` = {data.text_source!r}: {error} Lower `data.seq_len`."
+            ) from error
+        try:
+            heldout = text_dataset(heldout_docs, data.seq_len, data.max_eval_blocks)
+        except ValueError:
+            heldout = None  # held-out text shorter than one block: perplexity is skipped
+        descriptions.append(
+            f"text: {source_name(data.text_source)}, {len(train_docs)} train / {len(heldout_docs)} held-out "
+            f"documents, {len(parts[0])} train blocks of {data.seq_len} bytes"
+        )
+    tasks = {}
+    for task in data.tasks:
+        params = TASK_SPECS[task].params(data)
+        if data.train_examples_per_task:
+            parts.append(task_dataset(task, data.train_examples_per_task, data.task_seed, data.seq_len, **params))
+        tasks[task] = task_dataset(task, data.eval_examples_per_task, data.task_seed + 1, data.seq_len, **params)
+        shown = ", ".join(f"{k}={v}" for k, v in params.items() if v is not None)
+        descriptions.append(
+            f"synthetic `{task}` ({shown}): {data.train_examples_per_task} train / "
+            f"{data.eval_examples_per_task} eval examples"
+        )
+    train = concatenate_datasets([part.select_columns(COLUMNS) for part in parts])
+    if heldout is not None:
+        eval_sets: Any = heldout
+    else:
+        eval_sets = {name: dataset.select_columns(COLUMNS) for name, dataset in tasks.items()} or None
+    return {"train": train, "heldout": heldout, "tasks": tasks, "eval": eval_sets, "description": descriptions}
+
+
+def dataset_tags(data: DataArguments) -> list[str]:
+    """Model-card `datasets` entries: the corpus (file name, never a path) and one per synthetic task."""
+    tags = []
+    if data.text_source == "pydoc":
+        tags.append("cpython-pydoc-topics")
+    elif data.text_source != "none":
+        from zpx_hf.data_tasks import is_local_source
+
+        tags.append(Path(data.text_source).name if is_local_source(data.text_source) else data.text_source)
+    return tags + [f"synthetic-{task.replace('_', '-')}" for task in data.tasks]
+
+
+__all__ = [
+    "COLUMNS",
+    "DataArguments",
+    "TASK_SPECS",
+    "TaskSpec",
+    "build_datasets",
+    "check_local_source",
+    "dataset_tags",
+    "load_text_documents",
+    "source_name",
+    "validate_data_args",
+]

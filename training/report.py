@@ -1,0 +1,259 @@
+"""What a run leaves beside its weights: `metrics.json`, `report.md`, the loss curve, and the model card.
+
+The card's metadata is a `huggingface_hub.ModelCardData` (license, tags, datasets, base model and a
+`model-index` of the measured metrics), read back through `ModelCard` before it is written so malformed
+metadata fails here rather than on the Hub. The body comes from `model_cards/<name>.md` (`${field}`
+placeholders). Report and card embed the loss curve (train and eval loss) and the pictures that
+`training.inspection` lists in `inspection/index.json`. Nothing written names an absolute local path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import string
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+MODEL_CARD_DIR = Path(__file__).resolve().parents[1] / "model_cards"
+LICENSE = "apache-2.0"
+
+GENERIC_CARD = """# ${model_name}
+
+A `${model_type}` causal language model trained with zpx-hf's `zpx-train` from `${config_file}`.
+Load it with `trust_remote_code=True` (the modelling code ships with the checkpoint):
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model = AutoModelForCausalLM.from_pretrained("${repo_id}", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("${repo_id}")
+```
+
+## Configuration
+${config_table}
+
+## Training data
+${data_description}
+
+## Training
+${training_table}
+
+## Evaluation
+${metrics_table}
+${figures}
+"""
+
+
+def loss_points(log_history: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """`(step, loss)` points from `Trainer.state.log_history`: `train`, and one series per evaluation set
+    (`eval` for a single set; `eval_<name>` when `Trainer` evaluated a dict of sets)."""
+    points: dict[str, list[tuple[int, float]]] = {"train": [], "eval": []}
+    for entry in log_history:
+        if "step" not in entry:
+            continue
+        if "loss" in entry:
+            points["train"].append((int(entry["step"]), float(entry["loss"])))
+        for key, value in entry.items():
+            if key.startswith("eval_") and key.endswith("_loss"):
+                series = "eval" if key == "eval_loss" else key[: -len("_loss")]
+                points.setdefault(series, []).append((int(entry["step"]), float(value)))
+    return points
+
+
+def plot_loss_curve(log_history: Sequence[Mapping[str, Any]], path: str, title: str = "loss") -> str | None:
+    """Write a PNG of the training loss with the evaluation loss beside it; None when nothing was logged."""
+    points = loss_points(log_history)
+    if not any(points.values()):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    for name, series in points.items():
+        if series:
+            steps, losses = zip(*series)
+            label = "train loss" if name == "train" else f"{name.replace('_', ' ')} loss (held out)"
+            ax.plot(steps, losses, "-" if name == "train" else "o--", label=label)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("cross-entropy (nats / byte)")
+    ax.set_title(f"{title}: training and held-out loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def metrics_table(metrics: Mapping[str, Any]) -> str:
+    """Markdown table of held-out and task metrics."""
+    rows = ["| metric | value |", "|---|---|"]
+    heldout = metrics.get("heldout")
+    if heldout:
+        rows.append(f"| held-out perplexity (per byte) | {heldout['perplexity']:.3f} |")
+        rows.append(f"| held-out bits per byte | {heldout['bits_per_byte']:.3f} |")
+    for name, result in metrics.get("tasks", {}).items():
+        rows.append(f"| {name} answer-token accuracy | {result['token_accuracy']:.3f} |")
+        rows.append(f"| {name} exact match | {result['exact_match']:.3f} |")
+    return "\n".join(rows)
+
+
+def mapping_table(values: Mapping[str, Any]) -> str:
+    """Two-column Markdown table of a mapping."""
+    rows = ["| key | value |", "|---|---|"]
+    rows += [f"| `{key}` | `{value}` |" for key, value in values.items()]
+    return "\n".join(rows)
+
+
+def figures(output_dir: str) -> list[tuple[str, str]]:
+    """`(relative file, title)` of the run's pictures: the loss curve, then `inspection/index.json`'s entries."""
+    found = []
+    if os.path.isfile(os.path.join(output_dir, "loss_curve.png")):
+        found.append(("loss_curve.png", "Training loss and held-out evaluation loss"))
+    index = Path(output_dir, "inspection", "index.json")
+    if index.is_file():
+        for entry in json.loads(index.read_text(encoding="utf-8")):
+            if Path(output_dir, "inspection", entry["file"]).is_file():
+                found.append((f"inspection/{entry['file']}", entry["title"]))
+    return found
+
+
+def figures_markdown(output_dir: str) -> str:
+    """The run's pictures as Markdown sections (relative links: they work in the folder and on the Hub)."""
+    found = figures(output_dir)
+    if not found:
+        return ""
+    lines = ["", "## Pictures", ""]
+    for file, title in found:
+        lines += [f"### {title}", "", f"![{title}]({file})", ""]
+    return "\n".join(lines)
+
+
+def write_report(
+    output_dir: str,
+    metrics: Mapping[str, Any],
+    log_history: Sequence[Mapping[str, Any]] = (),
+    title: str = "evaluation",
+    details: Mapping[str, Any] | None = None,
+) -> dict[str, str]:
+    """Write `metrics.json`, `loss_curve.png` and `report.md` (metrics, run details, pictures); returns their paths."""
+    os.makedirs(output_dir, exist_ok=True)
+    paths = {"json": os.path.join(output_dir, "metrics.json"), "markdown": os.path.join(output_dir, "report.md")}
+    payload = {"metrics": dict(metrics), "details": dict(details or {}), "loss_curve": loss_points(log_history)}
+    with open(paths["json"], "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2)
+    png = plot_loss_curve(log_history, os.path.join(output_dir, "loss_curve.png"), title=title)
+    if png:
+        paths["png"] = png
+    lines = [f"# {title}", "", metrics_table(metrics), ""]
+    if details:
+        lines += ["## Run", "", mapping_table(details), ""]
+    lines.append(figures_markdown(output_dir))
+    with open(paths["markdown"], "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+    return paths
+
+
+def eval_results(metrics: Mapping[str, Any], corpus: str | None, task_name: str = "text-generation") -> list[Any]:
+    """`huggingface_hub.EvalResult`s (the card's `model-index`) of held-out perplexity and task accuracy."""
+    from huggingface_hub import EvalResult
+
+    results = []
+    heldout = metrics.get("heldout")
+    if heldout and corpus:
+        results.append(
+            EvalResult(
+                task_type=task_name,
+                dataset_type=corpus,
+                dataset_name=f"{corpus} (held-out documents)",
+                metric_type="perplexity",
+                metric_name="perplexity per byte",
+                metric_value=round(heldout["perplexity"], 4),
+            )
+        )
+    for task, result in metrics.get("tasks", {}).items():
+        dataset = f"synthetic-{task.replace('_', '-')}"
+        for metric, name in (("token_accuracy", "answer-token accuracy"), ("exact_match", "exact match")):
+            results.append(
+                EvalResult(
+                    task_type=task_name,
+                    dataset_type=dataset,
+                    dataset_name=f"{task} (generated, evaluation seed)",
+                    metric_type="accuracy" if metric == "token_accuracy" else "exact_match",
+                    metric_name=name,
+                    metric_value=round(result[metric], 4),
+                )
+            )
+    return results
+
+
+def render_model_card(template: str | None, context: Mapping[str, Any], data: Any) -> str:
+    """Card text: `data` (`ModelCardData`) as YAML front matter, then the template filled from `context`.
+
+    Tables come from `context["config"]`, `context["training"]` and `context["metrics"]`; pictures from
+    `context["output_dir"]`. The text is parsed back with `ModelCard` and must give the same metadata."""
+    from huggingface_hub import ModelCard
+
+    values = {key: value for key, value in context.items() if isinstance(value, str)}
+    values["config_table"] = mapping_table(context.get("config", {}))
+    values["training_table"] = mapping_table(context.get("training", {}))
+    values["metrics_table"] = metrics_table(context.get("metrics", {}))
+    values["figures"] = figures_markdown(context["output_dir"])
+    body = string.Template(template if template is not None else GENERIC_CARD).substitute(values)
+    text = f"---\n{data.to_yaml()}\n---\n\n{body.strip()}\n"
+    card = ModelCard(text)
+    if card.data.to_dict() != data.to_dict():
+        raise ValueError("model card metadata did not survive a round trip through huggingface_hub.ModelCard")
+    return str(card)
+
+
+def model_card_template(name: str) -> str | None:
+    """`model_cards/<name>.md`, or None (the generic card) when there is no template of that name."""
+    path = MODEL_CARD_DIR / f"{name}.md"
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def card_data(
+    *,
+    model_name: str,
+    tags: Sequence[str],
+    datasets: Sequence[str],
+    metrics: Mapping[str, Any],
+    corpus: str | None,
+    base_model: str | None = None,
+    library_name: str = "transformers",
+) -> Any:
+    """`ModelCardData` of a run: license, library, pipeline, tags, datasets, base model and the `model-index`."""
+    from huggingface_hub import ModelCardData
+
+    return ModelCardData(
+        license=LICENSE,
+        library_name=library_name,
+        pipeline_tag="text-generation",
+        tags=list(tags),
+        datasets=list(datasets),
+        metrics=["perplexity", "accuracy", "exact_match"],
+        base_model=base_model,
+        model_name=model_name,
+        eval_results=eval_results(metrics, corpus) or None,
+    )
+
+
+__all__ = [
+    "GENERIC_CARD",
+    "LICENSE",
+    "card_data",
+    "eval_results",
+    "figures",
+    "figures_markdown",
+    "loss_points",
+    "mapping_table",
+    "metrics_table",
+    "model_card_template",
+    "plot_loss_curve",
+    "render_model_card",
+    "write_report",
+]
