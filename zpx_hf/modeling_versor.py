@@ -80,7 +80,10 @@ class VersorCache:
 
     @property
     def is_linear(self) -> list[bool]:
-        return [mixer == "rra" for mixer in self.mixers]
+        # `generate` slices already-seen tokens off `input_ids` only for layers that are not "linear"
+        # (recurrent). Every layer here counts its tokens exactly (`get_seq_length`), so continuing from a
+        # returned cache with the full sequence must slice too: no layer reports itself as linear.
+        return [False] * len(self.mixers)
 
     def __len__(self) -> int:
         return len(self.mixers)
