@@ -137,6 +137,15 @@ DEFAULT_VARIANTS = {
     "full": list(VARIANTS),
 }
 ORDER = {"zpx": 0, "pct": 1, "versor": 2}  # cheap families first: PCT and Versor are the slow ones on CPU
+# (variant, task) runs that, with the baseline's, decide the seed claims checked in ablation_report.claims
+CLAIM_RUNS = {
+    ("zpx_full", "mqar"),
+    ("softmax_srpe", "mqar"),
+    ("versor_hybrid", "nbody"),
+    ("pct", "passkey"),
+    ("zpx_full", "passkey"),
+    ("softmax_srpe", "passkey"),
+}
 LATE_TASKS = ("passkey",)  # the longest sequences: several times the step cost of the other tasks
 
 
@@ -177,8 +186,9 @@ def current_rows(rows: list[dict[str, Any]], spec: SizeSpec) -> list[dict[str, A
 
 def plan(spec: SizeSpec, variants: list[str], tasks: list[str], seeds: int) -> list[tuple[str, str, int]]:
     """Job order: the expensive LATE_TASKS after all others; within each group the baseline first (every seed:
-    it is the calibration check), then families by cost (ZPX family, PCT, Versor last), seed, task; a
-    wall-clock-matched row comes after its task's baseline runs."""
+    it is the calibration check), then the runs that decide a seed claim (CLAIM_RUNS), then the rest; within
+    those, families by cost (ZPX family, PCT, Versor last), seed, task. A wall-clock-matched row comes after
+    its task's baseline runs."""
     keyed = []
     for variant in variants:
         for seed in range(seeds):
@@ -187,6 +197,7 @@ def plan(spec: SizeSpec, variants: list[str], tasks: list[str], seeds: int) -> l
                 key = (
                     task in LATE_TASKS,
                     variant != "baseline",
+                    (variant, task) not in CLAIM_RUNS,
                     ORDER[family_of(variant)],
                     late,
                     seed,

@@ -225,6 +225,19 @@ def test_resume_keeps_rows_of_the_current_budget_and_skips_them(tmp_path):
         ("baseline", "nbody", 1),
     ]
     assert [j[0] for j in jobs[4:]] == ["pct"] * 4 + ["versor_hybrid@time"] * 4
+    # runs that decide a seed claim come right after the baseline; the long passkey task comes last
+    jobs = ablation.plan(spec, ["pct", "versor_hybrid", "baseline"], ["passkey", "mqar", "nbody"], 1)
+    assert jobs == [
+        ("baseline", "mqar", 0),
+        ("baseline", "nbody", 0),
+        ("versor_hybrid", "nbody", 0),
+        ("pct", "mqar", 0),
+        ("pct", "nbody", 0),
+        ("versor_hybrid", "mqar", 0),
+        ("baseline", "passkey", 0),
+        ("pct", "passkey", 0),
+        ("versor_hybrid", "passkey", 0),
+    ]
 
 
 def test_task_sequence_lengths_fit_generators():
