@@ -1,0 +1,247 @@
+"""PEFT integration: default LoRA targets per family, a grade-wise LoRA for Versor, prefix-tuning limits.
+
+`import zpx_hf` imports this module when `peft` is installed; importing it registers, in PEFT's
+model-type tables:
+
+- Default targets, so `LoraConfig(task_type="CAUSAL_LM")` needs no `target_modules`:
+  zpx -> `q_proj`, `v_proj` (Llama's); pct -> the `real` and `imag` parts of `q_proj` and `v_proj`
+  (`ComplexLinear` runs its sub-modules once PEFT wraps them); versor -> `q_proj`, `v_proj` (its
+  `VersorLinear` layers: GPA query/value, RRA value). The zpx and pct defaults are also registered
+  for every other PEFT method whose Llama default is the same `q_proj`, `v_proj` (LoHa, LoKr,
+  AdaLoRA, VeRA, ...); those methods wrap `nn.Linear` only, so versor is registered for LoRA alone.
+- Versor LoRA: `VersorLoraLinear`, a per-grade low-rank update dW[g] = B[g] A[g] of `VersorLinear`
+  (weight [6 grades, out, in]). Per grade, the adapted layer stays grade-preserving and commutes
+  with rotor sandwiches; adapter dropout drops whole multivector channels, which keeps that in
+  training too. It goes through PEFT's custom-module support (`LoraConfig._register_custom_module`),
+  and the registration is automatic for models whose `config.model_type` is "versor": PEFT's LoRA
+  tuner registers it on the config while it resolves the model's defaults, so `get_peft_model`,
+  `PeftModel.from_pretrained(model, path)`, `load_adapter` and `model.add_adapter` need nothing
+  extra. For a plain `nn.Module` built from `VersorLinear`, use `versor_lora_config(...)`.
+- Prefix tuning is refused for versor with an error that says why (RRA layers keep a recurrent
+  rotor state, not keys and values) and what to use instead (LoRA or prompt tuning). ZPX and PCT
+  take PEFT's prefix keys as they are (ZPX gives content-only keys zero phase features).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from peft import LoraConfig
+from peft.tuners.lora import LoraLayer, LoraModel
+from peft.tuners.tuners_utils import check_adapters_to_merge
+from peft.utils import constants as peft_constants
+from torch import nn
+
+from .configuration_pct import PCTConfig
+from .configuration_versor import VersorConfig
+from .configuration_zpx import ZPXConfig
+from .modeling_versor import VersorLinear
+
+LORA_TARGET_MODULES = {
+    ZPXConfig.model_type: ["q_proj", "v_proj"],
+    PCTConfig.model_type: ["q_proj.real", "q_proj.imag", "v_proj.real", "v_proj.imag"],
+    VersorConfig.model_type: ["q_proj", "v_proj"],
+}
+# model types whose VersorLinear layers get VersorLoraLinear without any user registration
+VERSOR_MODEL_TYPES = (VersorConfig.model_type,)
+_LLAMA_LORA_DEFAULT = ["q_proj", "v_proj"]
+_INIT_OPTIONS = (True, False, "gaussian")
+
+
+class MultivectorDropout(nn.Module):
+    """Dropout of whole multivectors: x [..., C, 32] keeps or zeroes each channel's 32 coefficients together
+    (a per-channel scalar, so it commutes with grade projection and rotor sandwiches)."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = F.dropout(x.new_ones(*x.shape[:-1], 1), self.p, self.training)
+        return x * mask
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class VersorLoraLinear(nn.Module, LoraLayer):
+    """LoRA for `VersorLinear`: y = W x + scaling * B(A(x)) with A, B themselves grade-wise (`VersorLinear`s
+    of rank r), i.e. dW[g] = scaling * B[g] @ A[g] for each of the 6 grades.
+
+    Follows PEFT's LoRA layer conventions (adapters in `lora_A` / `lora_B`, merge / unmerge / disable,
+    mixed-adapter batches); `init_lora_weights` may be True (A uniform, B zero), "gaussian" (A normal
+    with std 1/r, B zero) or False (A and B uniform: a nonzero update, for tests)."""
+
+    def __init__(
+        self,
+        base_layer: nn.Module,
+        adapter_name: str,
+        config: LoraConfig,
+        r: int = 0,
+        lora_alpha: float = 1,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__()
+        LoraLayer.__init__(self, base_layer, **kwargs)
+        self._active_adapter = adapter_name
+        self.update_layer(adapter_name, r, lora_alpha=lora_alpha, config=config, **kwargs)
+
+    def _get_in_out_features(self, module: nn.Module) -> tuple[int, int]:
+        return module.in_channels, module.out_channels
+
+    def update_layer(self, adapter_name: str, r: int, lora_alpha: float, config: LoraConfig, **kwargs: Any) -> None:
+        if r <= 0:
+            raise ValueError(f"LoRA rank `r` = {r} must be a positive integer.")
+        if config.lora_bias:
+            raise ValueError(
+                "`lora_bias=True` is not available for VersorLinear, which has no bias; set lora_bias=False."
+            )
+        if config.fan_in_fan_out:
+            raise ValueError("`fan_in_fan_out=True` does not apply to VersorLinear; set fan_in_fan_out=False.")
+        if config.init_lora_weights not in _INIT_OPTIONS:
+            raise ValueError(
+                f"`init_lora_weights` = {config.init_lora_weights!r} is not available for VersorLinear; "
+                f"use one of {_INIT_OPTIONS}."
+            )
+        self.resolve_lora_variant(config=config)  # raises for variants (DoRA, ...) this layer does not implement
+
+        self.r[adapter_name] = r
+        self.lora_alpha[adapter_name] = lora_alpha
+        dropout = MultivectorDropout(config.lora_dropout) if config.lora_dropout > 0 else nn.Identity()
+        self.lora_dropout[adapter_name] = dropout
+        self.lora_A[adapter_name] = VersorLinear(self.in_features, r)
+        self.lora_B[adapter_name] = VersorLinear(r, self.out_features)
+        self.lora_bias[adapter_name] = False
+        self.scaling[adapter_name] = lora_alpha / (math.sqrt(r) if config.use_rslora else r)
+        self.use_rslora[adapter_name] = config.use_rslora
+        self.use_dora[adapter_name] = False
+        self._init_adapter(adapter_name, config.init_lora_weights)
+        self._move_adapter_to_device_of_base_layer(adapter_name)
+        self.set_adapter(self.active_adapters, inference_mode=config.inference_mode)
+
+    @torch.no_grad()
+    def _init_adapter(self, adapter_name: str, init: bool | str) -> None:
+        a, b = self.lora_A[adapter_name].weight, self.lora_B[adapter_name].weight  # [6, r, in], [6, out, r]
+        # per grade as nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+        if init == "gaussian":
+            a.normal_(0.0, 1.0 / self.r[adapter_name])
+        else:
+            a.uniform_(-(self.in_features**-0.5), self.in_features**-0.5)
+        if init is False:
+            b.uniform_(-(self.r[adapter_name] ** -0.5), self.r[adapter_name] ** -0.5)
+        else:
+            b.zero_()
+
+    def get_delta_weight(self, adapter: str) -> torch.Tensor:
+        """dW [6, out, in] = scaling * B[g] @ A[g] per grade."""
+        a, b = self.lora_A[adapter].weight, self.lora_B[adapter].weight
+        return torch.matmul(b, a) * self.scaling[adapter]
+
+    def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
+        """Add the active (or the named) adapters' dW to the base weight; `safe_merge` checks it is finite first."""
+        for name in check_adapters_to_merge(self, adapter_names):
+            if name not in self.lora_A:
+                continue
+            weight = self.get_base_layer().weight
+            merged = weight.data + self.get_delta_weight(name).to(weight.dtype)
+            if safe_merge and not torch.isfinite(merged).all():
+                raise ValueError(f"NaNs detected in the merged weights. The adapter {name} seems to be broken")
+            weight.data = merged
+            self.merged_adapters.append(name)
+
+    def unmerge(self) -> None:
+        """Subtract every merged adapter's dW from the base weight again."""
+        while self.merged_adapters:
+            name = self.merged_adapters.pop()
+            weight = self.get_base_layer().weight
+            weight.data -= self.get_delta_weight(name).to(weight.dtype)
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """x [..., in, 32] -> [..., out, 32]."""
+        self._check_forward_args(x, *args, **kwargs)
+        adapter_names = kwargs.pop("adapter_names", None)
+        if self.disable_adapters:
+            if self.merged:
+                self.unmerge()
+            return self.base_layer(x, *args, **kwargs)
+        if adapter_names is not None:
+            return self._mixed_batch_forward(x, *args, adapter_names=adapter_names, **kwargs)
+        result = self.base_layer(x, *args, **kwargs)
+        if self.merged:
+            return result
+        result_dtype = result.dtype
+        for name in self.active_adapters:
+            if name not in self.lora_A:
+                continue
+            lora_A, lora_B = self.lora_A[name], self.lora_B[name]
+            h = self._cast_input_dtype(x, lora_A.weight.dtype)
+            result = result + lora_B(lora_A(self.lora_dropout[name](h))) * self.scaling[name]
+        return result.to(result_dtype)
+
+    def __repr__(self) -> str:
+        return "lora." + super().__repr__()
+
+
+def versor_lora_config(**kwargs: Any) -> LoraConfig:
+    """`LoraConfig(**kwargs)` with `VersorLinear` -> `VersorLoraLinear` registered. Needed only for models
+    that are not Versor transformers models (those register it automatically); to reload an adapter of such
+    a model, pass `config=versor_lora_config(**LoraConfig.from_pretrained(path).to_dict())` or register on the
+    loaded config with the same helper."""
+    config = LoraConfig(**kwargs)
+    config._register_custom_module({VersorLinear: VersorLoraLinear})
+    return config
+
+
+def _register_versor_lora(peft_config: Any) -> None:
+    if isinstance(peft_config, LoraConfig) and VersorLinear not in (peft_config._custom_modules or {}):
+        peft_config._register_custom_module({VersorLinear: VersorLoraLinear})
+
+
+def _wrap_prepare_adapter_config() -> None:
+    """LoraModel resolves a config against the model's type here (default targets); register VersorLoraLinear
+    on the config at the same point for Versor model types. Idempotent."""
+    original = LoraModel._prepare_adapter_config
+    if getattr(original, "_zpx_hf_versor", False):
+        return
+
+    def _prepare_adapter_config(self: LoraModel, peft_config: Any, model_config: dict) -> Any:
+        if model_config.get("model_type") in VERSOR_MODEL_TYPES:
+            _register_versor_lora(peft_config)
+        return original(self, peft_config, model_config)
+
+    _prepare_adapter_config._zpx_hf_versor = True
+    _prepare_adapter_config.__doc__ = original.__doc__
+    LoraModel._prepare_adapter_config = _prepare_adapter_config
+
+
+def _refuse_prefix_tuning(past_key_values: Any) -> Any:
+    raise ValueError(
+        "Prefix tuning (peft PrefixTuningConfig) does not apply to Versor models: RRA layers keep a recurrent "
+        "rotor state rather than keys and values, so there is no key/value cache to prepend a prefix to. "
+        "Use LoRA (LoraConfig) or prompt tuning (PromptTuningConfig) instead."
+    )
+
+
+def register() -> None:
+    """Write the tables above into PEFT (existing entries are kept, so a user's own choice wins). Idempotent."""
+    for name, mapping in vars(peft_constants).items():
+        if not (name.startswith("TRANSFORMERS_MODELS_TO_") and name.endswith("_TARGET_MODULES_MAPPING")):
+            continue
+        if isinstance(mapping, dict) and mapping.get("llama") == _LLAMA_LORA_DEFAULT:
+            for model_type in (ZPXConfig.model_type, PCTConfig.model_type):
+                mapping.setdefault(model_type, list(LORA_TARGET_MODULES[model_type]))
+    lora_mapping = peft_constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+    for model_type in VERSOR_MODEL_TYPES:
+        lora_mapping.setdefault(model_type, list(LORA_TARGET_MODULES[VersorConfig.model_type]))
+        peft_constants.TRANSFORMERS_MODELS_TO_PREFIX_TUNING_POSTPROCESS_MAPPING.setdefault(
+            model_type, _refuse_prefix_tuning
+        )
+    _wrap_prepare_adapter_config()
+
+
+register()
+
+__all__ = ["LORA_TARGET_MODULES", "MultivectorDropout", "VersorLoraLinear", "register", "versor_lora_config"]
