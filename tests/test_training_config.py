@@ -12,6 +12,7 @@ from transformers import TrainingArguments
 from training.config import ConfigError, ModelArguments
 from training.data import DataArguments
 from training.train import load_run_config
+from training.train import main as train_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,3 +136,47 @@ def test_cli_fails_before_training_with_the_key_in_the_message(tmp_path):
     assert result.returncode == 2
     assert "config error" in result.stderr and "`data.text_source`" in result.stderr
     assert not output_dir.exists()
+
+
+def _bad_sources(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n\n")
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    header_only = tmp_path / "header.csv"
+    header_only.write_text("text,label\n")
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "a.txt").write_text("some text\n")
+    (mixed / "b.csv").write_text("text\nmore text\n")
+    return [
+        (empty, "is empty"),
+        (latin1, "is not valid UTF-8 (byte 0xe9 at offset 3)"),
+        (header_only, "has a header but no rows"),
+        (mixed, "mixes file types ['.csv', '.txt']"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_bad_data_files_fail_in_one_line_with_exit_code_2(tmp_path, capsys, case):
+    source, reason = _bad_sources(tmp_path)[case]
+    path = _write(tmp_path, _micro(**{"data.text_source": str(source)}))
+    assert train_main([path, "--output_dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "`data.text_source`" in err and str(source) in err and reason in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--per_device_train_batch_size", "0"], "`training.per_device_train_batch_size` = 0 must be >= 1"),
+        (["--resume_from_checkpoint", "last"], "`training.resume_from_checkpoint` = 'last': no complete checkpoint"),
+    ],
+)
+def test_cli_errors_after_parsing_fail_in_one_line_with_exit_code_2(tmp_path, capsys, flags, expected):
+    out = tmp_path / "out"
+    assert train_main([str(MICRO), "--output_dir", str(out), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err and "Traceback" not in err, err
+    assert not out.exists()

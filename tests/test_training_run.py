@@ -14,7 +14,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
-from training.train import load_run_config, run_training
+from training.config import ConfigError
+from training.train import load_run_config, main, run_training
+from training.trainer import RUN_MARKER, TrainingDivergedError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,15 +135,22 @@ class StopAt(TrainerCallback):
         return control
 
 
-def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path):
+def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, capsys):
     common = ["--max_steps", "6", "--save_steps", "3", "--logging_steps", "1", "--tasks", "mqar"]
     full = run_training(load_run_config(MICRO, [*common, "--output_dir", str(tmp_path / "full")]))
     interrupted_dir = str(tmp_path / "interrupted")
     stopped = run_training(load_run_config(MICRO, [*common, "--output_dir", interrupted_dir]), callbacks=[StopAt(3)])
     assert stopped["trainer"].state.global_step == 3
+    # a kill during the next save left checkpoint-5 without trainer_state.json: resuming skips it and says so
+    partial = Path(interrupted_dir) / "checkpoint-5"
+    partial.mkdir()
+    shutil.copy(Path(interrupted_dir) / "checkpoint-3" / "model.safetensors", partial / "model.safetensors")
+    capsys.readouterr()
     resumed = run_training(
         load_run_config(MICRO, [*common, "--output_dir", interrupted_dir, "--resume_from_checkpoint", "last"])
     )
+    printed = capsys.readouterr().out
+    assert f"resuming from {Path(interrupted_dir) / 'checkpoint-3'} (skipped incomplete checkpoint-5" in printed
     assert resumed["trainer"].state.global_step == 6
     reference = full["trainer"].model.state_dict()
     for name, value in resumed["trainer"].model.state_dict().items():
@@ -177,8 +186,68 @@ class FakeHub:
         return SimpleNamespace(commit_url=f"fake://{repo_id}")
 
 
+def test_output_dir_of_another_run_is_refused_unless_overwritten(tmp_path):
+    out = str(tmp_path / "shared")
+    common = ["--output_dir", out, "--max_steps", "2", "--save_steps", "2", "--tasks", "mqar", "--eval_strategy", "no"]
+    first = run_training(load_run_config(MICRO, common))
+    first_marker = json.loads((Path(out) / RUN_MARKER).read_text())
+    first_weights = (Path(out) / "model.safetensors").read_bytes()
+    other = [*common, "--mqar_num_pairs", "3"]  # another run: different data
+    with pytest.raises(ConfigError, match="`training.output_dir`: .* holds a run of another config"):
+        run_training(load_run_config(MICRO, [*other, "--resume_from_checkpoint", "last"]))
+    with pytest.raises(ConfigError, match="`training.output_dir`: .* is not empty"):
+        run_training(load_run_config(MICRO, other))
+    with pytest.raises(ConfigError, match="checkpoint-2 already reached step 2"):  # resuming would train nothing
+        run_training(load_run_config(MICRO, [*common, "--resume_from_checkpoint", "last"]))
+    assert (Path(out) / "model.safetensors").read_bytes() == first_weights  # nothing was touched
+    second = run_training(load_run_config(MICRO, [*other, "--overwrite_output_dir", "true"]))
+    assert second["trainer"].state.global_step == 2 and first["trainer"].state.global_step == 2
+    assert json.loads((Path(out) / RUN_MARKER).read_text())["fingerprint"] != first_marker["fingerprint"]
+    assert sorted(p.name for p in Path(out).glob("checkpoint-*")) == ["checkpoint-2"]
+    assert (Path(out) / "model.safetensors").read_bytes() != first_weights
+
+
+class Poison(TrainerCallback):
+    """Makes the LM head non-finite after `step`: the next step's loss and gradients are NaN."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == self.step:
+            with torch.no_grad():
+                model.get_output_embeddings().weight[0, 0] = float("nan")
+
+
+def test_non_finite_loss_stops_the_run_naming_the_step(tmp_path):
+    run = load_run_config(MICRO, ["--output_dir", str(tmp_path / "nan"), "--max_steps", "5", "--logging_steps", "1"])
+    with pytest.raises(TrainingDivergedError, match=r"training stopped at step 3: the gradient of `.*` is not finite"):
+        run_training(run, callbacks=[Poison(2)])
+    assert not (tmp_path / "nan" / "model.safetensors").exists()  # no final model is saved as if it had trained
+
+
+def test_push_to_hub_without_network_fails_before_training_in_one_line(tmp_path, monkeypatch, capsys):
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    out = tmp_path / "push"
+    flags = ["--output_dir", str(out), "--max_steps", "2", "--push_to_hub", "--hub_model_id", "someone/zpx-micro"]
+    assert main([MICRO, *flags, "--tasks", "mqar"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "config error" in line]
+    assert len(lines) == 1 and "`training.push_to_hub`" in lines[0] and "someone/zpx-micro" in lines[0]
+    assert "Traceback" not in err and not (out / "model.safetensors").exists()
+
+
 def test_push_to_hub_uploads_the_self_contained_checkpoint(tmp_path, monkeypatch):
     import transformers.trainer as trainer_module
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)  # restored after the test: the run moves the token there
+    token = "hf_NotARealTokenZpxTest0123456789"
 
     hub = FakeHub(tmp_path / "hub")
     if hasattr(trainer_module, "hf_api"):
@@ -191,9 +260,14 @@ def test_push_to_hub_uploads_the_self_contained_checkpoint(tmp_path, monkeypatch
         [
             *("--output_dir", str(tmp_path / "out"), "--max_steps", "2", "--save_steps", "2", "--tasks", "mqar"),
             *("--push_to_hub", "--hub_model_id", "someone/zpx-micro", "--hub_strategy", "end"),
+            *("--hub_token", token),
         ],
     )
     run_training(run)
+    # the token was used (HF_TOKEN of this process) but is in no saved or uploaded file, pickled or not
+    written = [p for root in (tmp_path / "out", tmp_path / "hub") for p in root.rglob("*") if p.is_file()]
+    assert any(p.name == "training_args.bin" for p in written)
+    assert not [p for p in written if token.encode() in p.read_bytes()]
     repo = tmp_path / "hub" / "someone" / "zpx-micro"
     assert hub.uploads and not list(repo.glob("checkpoint-*"))
     card = (repo / "README.md").read_text()
