@@ -46,6 +46,38 @@ def test_cached_greedy_generation_equals_recomputation(case, implementation):
     assert torch.equal(cached, expected)
 
 
+@pytest.mark.parametrize("case", ["zpx", "pct"])
+def test_static_cache_generation_equals_dynamic(case):
+    """ZPX's static cache holds the augmented keys k^ (width d + 5C); PCT's the normalised [re | im] keys."""
+    model = causal_lm(case, dtype=torch.float64)
+    prompt = torch.randint(3, TINY_VOCAB, (2, 5))
+    mask = torch.ones_like(prompt)
+    mask[0, :2] = 0
+    with torch.no_grad():
+        static = model.generate(
+            prompt,
+            attention_mask=mask,
+            max_new_tokens=6,
+            do_sample=False,
+            cache_implementation="static",
+            pad_token_id=0,
+        )
+        dynamic = model.generate(prompt, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(static, dynamic)
+
+
+def test_versor_static_cache_request_falls_back_with_a_warning(caplog):
+    model = causal_lm("versor-hybrid")
+    prompt = torch.randint(3, TINY_VOCAB, (1, 5))
+    with torch.no_grad():
+        static = model.generate(
+            prompt, max_new_tokens=4, do_sample=False, cache_implementation="static", pad_token_id=0
+        )
+        plain = model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(static, plain)
+    assert "cache_implementation" in caplog.text
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_incremental_logits_match_full_forward_with_left_padding(case):
     model = causal_lm(case, dtype=torch.float64)

@@ -205,6 +205,8 @@ class GeometricModel(GeometricPreTrainedModel):
         if use_cache and past_key_values is None:
             past_key_values = self.new_cache()
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if isinstance(past_length, torch.Tensor):  # static caches count in a tensor that layers update in place
+            past_length = int(past_length)
         check_inputs(
             self.config,
             input_ids,
