@@ -34,8 +34,8 @@ import torch
 
 import zpx_hf
 from zpx_hf.clifford_algebra import (
+    BIVECTOR_MASKS,
     NUM_BLADES,
-    ROTATION_INDICES,
     conformal_algebra,
     rotor_exp,
     rotor_norm_error,
@@ -47,6 +47,7 @@ SAMPLE_TEXT = "The cat sat on the mat. The cat sat on the mat."
 MAX_TOKENS = 64  # beyond this the per-token panels stop being readable
 DPI = 100
 VECTOR_MASKS = (1, 2, 4, 8, 16)  # e1..e4 (square +1), e5 (square -1)
+BOOSTS = [i for i, mask in enumerate(BIVECTOR_MASKS) if mask & 16]  # e_i e5, in BIVECTOR_MASKS order
 
 Drawing = tuple[str, str, Any]  # (file stem, one-line title, matplotlib Figure)
 
@@ -238,8 +239,8 @@ def rra_rotor_data(model: Any, mixer_inputs: Sequence[torch.Tensor]) -> list[tup
             rotors = rotor_trajectory(bivectors, accumulate=model.config.rra_accumulate)[0].double()
             applied = rotors
             if model.config.rra_accumulate == "compact":
-                boosts = bivectors[0].double().clone()
-                boosts[..., list(ROTATION_INDICES)] = 0.0
+                boosts = torch.zeros_like(bivectors[0], dtype=torch.float64)
+                boosts[..., BOOSTS] = bivectors[0, ..., BOOSTS].double()
                 applied = algebra.geometric_product(rotors, rotor_exp(boosts))
         data = {name: _numpy(value) for name, value in rotor_geometry(applied).items()}
         data.update(rotors=_numpy(rotors), applied=_numpy(applied))
