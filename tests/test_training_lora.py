@@ -13,7 +13,6 @@ from transformers import AutoModelForCausalLM
 
 from training.config import ConfigError
 from training.finetune_lora import (
-    LORA_TARGETS,
     FinetuneArguments,
     base_model_source,
     load_finetune_config,
@@ -88,8 +87,9 @@ def test_lora_trains_saves_reloads_and_merges_exactly(tmp_path, base_checkpoint)
     base = AutoModelForCausalLM.from_pretrained(base_checkpoint, trust_remote_code=True)
     reloaded = PeftModel.from_pretrained(base, str(adapter_dir)).eval()
     wrapped = {name for name, module in reloaded.named_modules() if hasattr(module, "lora_A")}
-    assert {name.rsplit(".", 1)[-1] for name in wrapped} == set(LORA_TARGETS["zpx"])
-    assert len(wrapped) == 2 * len(LORA_TARGETS["zpx"])
+    targets = yaml.safe_load((ROOT / "configs" / "zpx-tiny-lora.yaml").read_text())["lora"]["target_modules"]
+    assert {name.rsplit(".", 1)[-1] for name in wrapped} == set(targets)
+    assert len(wrapped) == 2 * len(targets)
     assert any(".phase_encoder.to_theta" in name for name in wrapped)
 
     ids = torch.tensor(result["datasets"]["tasks"]["mqar"][:4]["input_ids"])

@@ -7,8 +7,9 @@ YAML layout: top-level `FinetuneArguments` (`base_model`, ...) and `RunArguments
 `data:` and `training:` as in `zpx-train`. `base_model` is a local checkpoint folder; a model on the Hub is
 named `hf://owner/name`, so a missing folder is an error and never a Hub download. Model code saved with the
 checkpoint runs only with `trust_remote_code: true` (zpx-hf families load with the installed package).
-For ZPX the adapters go on the attention projections and the phase encoder; other families default to
-every linear layer but the LM head. The output folder holds the adapter (safetensors), the tokenizer and an
+`lora.target_modules: [default]` (or null) takes the family's PEFT default (`zpx_hf.integration_peft`:
+the query and value projections; Versor's grade-wise LoRA); the shipped ZPX config lists the attention
+projections and the phase encoder. The output folder holds the adapter (safetensors), the tokenizer and an
 adapter model card; `merged_output_dir` receives the merged, self-contained checkpoint with its own card.
 After training, `merge_and_unload()` is checked against the adapter model in float64 (the merge is exact
 algebra, W x + s B(A x) = (W + s B A) x, so only float64 rounding remains) and the largest logit difference
@@ -32,7 +33,6 @@ from .data import DataArguments, build_datasets, dataset_tags, validate_data_arg
 from .report import card_data, mapping_table, model_card_template, render_model_card, write_report
 from .trainer import build_trainer, prepare_output_dir
 
-LORA_TARGETS = {"zpx": ["q_proj", "k_proj", "v_proj", "o_proj", "to_log_r", "to_theta", "to_b"]}
 HUB_PREFIX = "hf://"
 
 
@@ -103,10 +103,12 @@ def load_finetune_config(path: str, cli_args: Sequence[str] = ()) -> RunConfig:
 
 
 def lora_targets(model_type: str, requested: list[str] | None) -> list[str] | str:
-    """The requested module names, or (for None / `[default]`) the family's list, else every linear layer."""
+    """The requested module names, or (for None / `[default]`) the family's PEFT default, else every linear layer."""
+    from zpx_hf.integration_peft import LORA_TARGET_MODULES
+
     if requested and requested != ["default"]:
         return requested
-    return LORA_TARGETS.get(model_type, "all-linear")
+    return list(LORA_TARGET_MODULES.get(model_type, [])) or "all-linear"
 
 
 def merged_logit_difference(peft_model: Any, inputs: dict[str, Any]) -> float:
