@@ -210,7 +210,7 @@ def test_auto_kernel_on_cpu_is_chunked():
 @pytest.mark.parametrize("kernel", ["naive", "chunked"])
 def test_bf16_inputs_within_bound_of_fp32(kernel):
     """bf16 in, bf16 out; computed in fp32. Against fp32 on the same rounded inputs the only error is the
-    output rounding (<= 2^-8 relative); against the unrounded fp32 inputs, input rounding adds <= 3e-2."""
+    output rounding (<= 2^-8 relative); against the unrounded fp32 inputs, input rounding adds <= 1e-2."""
     q, k, v, gamma = (t.detach() for t in make_inputs(2, 2, 24, 24, 2, dtype=torch.float32))
     low = [t.to(torch.bfloat16).requires_grad_(True) for t in (q, k, v)]
     rounded = [t.detach().float().requires_grad_(True) for t in low]
@@ -218,7 +218,7 @@ def test_bf16_inputs_within_bound_of_fp32(kernel):
     assert out.dtype == torch.bfloat16 and bool(torch.isfinite(out.float()).all())
     want = geometric_product_attention(*rounded, gamma, causal=True, kernel=kernel)
     scale = float(want.detach().abs().max())
-    assert float((out.float() - want).abs().max()) <= 2**-8 * scale
+    assert float((out.float() - want).abs().max().detach()) <= 2**-8 * scale
     grad_out = torch.randn_like(want)
     got_grads = torch.autograd.grad(out, low, grad_out.to(torch.bfloat16))
     want_grads = torch.autograd.grad(want, rounded, grad_out.to(torch.bfloat16).float())
@@ -226,7 +226,7 @@ def test_bf16_inputs_within_bound_of_fp32(kernel):
         assert g.dtype == torch.bfloat16
         assert float((g.float() - w).abs().max()) <= 2**-7 * float(w.abs().max())
     exact = geometric_product_attention(q, k, v, gamma, causal=True, kernel=kernel)
-    assert float((out.float() - exact).abs().max()) <= 3e-2 * scale
+    assert float((out.float() - exact).abs().max().detach()) <= 1e-2 * scale
 
 
 @pytest.mark.parametrize("kernel", ["naive", "chunked", "auto"])

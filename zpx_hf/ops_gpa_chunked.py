@@ -51,9 +51,15 @@ def _unpermute(grad_forms: torch.Tensor, full_index: torch.Tensor, sign: torch.T
 
 
 class _Plan:
-    """Key blocks each query panel visits, with the mask a block needs (None = all visible)."""
+    """What forward and backward share: form tables, gamma [1, H, 1, 1], sqrt(eps) * scaling (None when
+    bivector=False), and the key blocks each query panel visits with the mask a block needs."""
 
-    def __init__(self, q_len: int, k_len: int, causal: bool, key_padding_mask: torch.Tensor | None, device):
+    def __init__(self, query, key, gamma, causal, key_padding_mask, scaling: float, eps: float, bivector: bool):
+        q_len, k_len, device = query.shape[2], key.shape[2], query.device
+        self.forms = NUM_FORMS if bivector else 1
+        self.full_index, self.sign, self.query_sign = _full_tables(query.shape[-1], self.forms, device, query.dtype)
+        self.gamma = gamma.view(1, -1, 1, 1)
+        self.eps = torch.tensor(eps * scaling**2, dtype=query.dtype, device=device).sqrt() if bivector else None
         self.offset = k_len - q_len
         self.causal = causal
         self.device = device
@@ -100,24 +106,20 @@ class _GPAChunkedFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, gamma, causal, key_padding_mask, scaling, eps, bivector):  # type: ignore[override]
         batch, heads, q_len, dim = query.shape
-        forms = NUM_FORMS if bivector else 1
-        full_index, sign, query_sign = _full_tables(dim, forms, query.device, query.dtype)
-        plan = _Plan(q_len, key.shape[2], causal, key_padding_mask, query.device)
-        eps_t = torch.tensor(eps * scaling**2, dtype=query.dtype, device=query.device).sqrt() if bivector else None
-        g = gamma.view(1, heads, 1, 1)
+        plan = _Plan(query, key, gamma, causal, key_padding_mask, scaling, eps, bivector)
         out = torch.zeros_like(query)
         lse = torch.full((batch, heads, q_len), float("inf"), dtype=query.dtype, device=query.device)
         with torch.autocast(query.device.type, enabled=False):
             for q_start in range(0, q_len, PANEL):
                 q_stop = min(q_start + PANEL, q_len)
-                q_forms = _query_forms(query[:, :, q_start:q_stop] * scaling, full_index, query_sign)
+                q_forms = _query_forms(query[:, :, q_start:q_stop] * scaling, plan.full_index, plan.query_sign)
                 rows = q_stop - q_start
                 row_max = torch.full((batch, heads, rows), float("-inf"), dtype=query.dtype, device=query.device)
                 row_sum = torch.zeros(batch, heads, rows, dtype=query.dtype, device=query.device)
                 acc = torch.zeros(batch, heads, rows, dim, dtype=query.dtype, device=query.device)
                 for k_start, k_stop, mask in plan.visits(q_start, q_stop):
                     products = torch.matmul(q_forms, key[:, :, k_start:k_stop].transpose(-1, -2))
-                    score, _ = _scores(products.view(batch, heads, forms, rows, -1), g, eps_t)
+                    score, _ = _scores(products.view(batch, heads, plan.forms, rows, -1), plan.gamma, plan.eps)
                     if mask is not None:
                         score.masked_fill_(~mask, float("-inf"))
                     new_max = torch.maximum(row_max, score.amax(-1))
@@ -139,11 +141,7 @@ class _GPAChunkedFunction(torch.autograd.Function):
         query, key, value, gamma, out, lse = ctx.saved_tensors
         causal, key_padding_mask, scaling, eps, bivector = ctx.settings
         batch, heads, q_len, dim = query.shape
-        forms = NUM_FORMS if bivector else 1
-        full_index, sign, query_sign = _full_tables(dim, forms, query.device, query.dtype)
-        plan = _Plan(q_len, key.shape[2], causal, key_padding_mask, query.device)
-        eps_t = torch.tensor(eps * scaling**2, dtype=query.dtype, device=query.device).sqrt() if bivector else None
-        g = gamma.view(1, heads, 1, 1)
+        plan = _Plan(query, key, gamma, causal, key_padding_mask, scaling, eps, bivector)
         grad_out = grad_out.to(query.dtype)
         dq = torch.zeros_like(query)
         dk = torch.zeros_like(key)
@@ -154,7 +152,7 @@ class _GPAChunkedFunction(torch.autograd.Function):
             for q_start in range(0, q_len, PANEL):
                 q_stop = min(q_start + PANEL, q_len)
                 rows = q_stop - q_start
-                q_forms = _query_forms(query[:, :, q_start:q_stop] * scaling, full_index, query_sign)
+                q_forms = _query_forms(query[:, :, q_start:q_stop] * scaling, plan.full_index, plan.query_sign)
                 d_forms = torch.zeros_like(q_forms)
                 do = grad_out[:, :, q_start:q_stop]
                 row_lse = lse[:, :, q_start:q_stop, None]
@@ -163,8 +161,8 @@ class _GPAChunkedFunction(torch.autograd.Function):
                     k = key[:, :, k_start:k_stop]
                     v = value[:, :, k_start:k_stop]
                     products = torch.matmul(q_forms, k.transpose(-1, -2))
-                    tiles = products.view(batch, heads, forms, rows, -1)
-                    score, norm = _scores(tiles, g, eps_t)
+                    tiles = products.view(batch, heads, plan.forms, rows, -1)
+                    score, norm = _scores(tiles, plan.gamma, plan.eps)
                     if mask is not None:
                         score.masked_fill_(~mask, float("-inf"))
                     p = score.sub_(row_lse).exp_()  # lse = +inf on empty rows -> 0
@@ -172,11 +170,11 @@ class _GPAChunkedFunction(torch.autograd.Function):
                     ds = torch.matmul(do, v.transpose(-1, -2)).sub_(row_delta).mul_(p)  # dL/dS
                     if bivector:
                         dgamma += (ds * norm).sum((0, 2, 3))
-                        tiles[:, :, 1:] *= (ds * g / norm)[:, :, None]  # dL/d<P>_C = dS gamma <P>_C / norm
+                        tiles[:, :, 1:] *= (ds * plan.gamma / norm)[:, :, None]  # dL/d<P>_C = dS gamma <P>_C / norm
                     tiles[:, :, 0] = ds
                     d_forms += torch.matmul(products, k)
                     dk[:, :, k_start:k_stop] += torch.matmul(products.transpose(-1, -2), q_forms)
-                dq[:, :, q_start:q_stop] = _unpermute(d_forms, full_index, sign) * scaling
+                dq[:, :, q_start:q_stop] = _unpermute(d_forms, plan.full_index, plan.sign) * scaling
         return dq, dk, dv, dgamma if bivector else None, None, None, None, None, None
 
 
