@@ -18,7 +18,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from training.distributed import state_dict_digest
+from training.config import ConfigError
+from training.distributed import configure_launch, state_dict_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE = Path(sys.executable).with_name("accelerate")
@@ -98,10 +99,23 @@ def test_two_process_fsdp_on_cpu_shards_and_saves_one_full_state_dict(tmp_path):
     assert all(torch.isfinite(t).all() for t in saved.values())
 
 
+@pytest.mark.slow
 @NO_CUDA
-@pytest.mark.parametrize(("config", "names"), [("fsdp.yaml", "fsdp_cpu.yaml"), ("ddp_gpu.yaml", "ddp_cpu.yaml")])
-def test_gpu_configs_refuse_on_a_machine_without_cuda(tmp_path, config, names):
-    result = _launch(config, tmp_path / "out", "--max_steps", "1", timeout=120)
+def test_gpu_fsdp_config_refuses_on_a_machine_without_cuda(tmp_path):
+    result = _launch("fsdp.yaml", tmp_path / "out", "--max_steps", "1", timeout=120)
     assert result.returncode != 0
-    assert "CUDA is not available" in result.stderr and names in result.stderr
+    assert "CUDA is not available" in result.stderr and "fsdp_cpu.yaml" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+@NO_CUDA
+def test_gpu_ddp_launch_refuses_without_cuda_and_cpu_launch_selects_gloo_ddp(monkeypatch):
+    # the environment `accelerate launch` gives each process of ddp_gpu.yaml / ddp_cpu.yaml (MULTI_GPU launcher)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(ConfigError, match="CUDA is not available.*ddp_cpu.yaml"):
+        configure_launch()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1,-1")  # ddp_cpu.yaml's gpu_ids
+    assert configure_launch() == "cpu-ddp" and os.environ["ACCELERATE_USE_CPU"] == "true"
