@@ -54,11 +54,6 @@ def config_name(path: str) -> str:
 
 def inspect_checkpoint(output_dir: str) -> None:
     """Draw the checkpoint's geometry into `output_dir/inspection/` (`training.inspection`)."""
-    import importlib.util
-
-    if importlib.util.find_spec("training.inspection") is None:  # until the inspection module is committed
-        print("inspection skipped: training/inspection.py is not in this checkout", flush=True)
-        return
     from .inspection import inspect_run
 
     inspect_run(output_dir)
