@@ -59,7 +59,7 @@ class _Plan:
         self.forms = NUM_FORMS if bivector else 1
         self.full_index, self.sign, self.query_sign = _full_tables(query.shape[-1], self.forms, device, query.dtype)
         self.gamma = gamma.view(1, -1, 1, 1)
-        self.eps = torch.tensor(eps * scaling**2, dtype=query.dtype, device=device).sqrt() if bivector else None
+        self.root_eps = torch.tensor(eps * scaling**2, dtype=query.dtype, device=device).sqrt() if bivector else None
         self.offset = k_len - q_len
         self.causal = causal
         self.device = device
@@ -91,14 +91,14 @@ class _Plan:
             yield start, stop, mask
 
 
-def _scores(products: torch.Tensor, gamma: torch.Tensor, eps: torch.Tensor | None):
+def _scores(products: torch.Tensor, gamma: torch.Tensor, root_eps: torch.Tensor | None):
     """products [B, H, forms, P, N] -> (score [B, H, P, N] (a new tensor), norm or None)."""
-    if eps is None:
+    if root_eps is None:
         return products[:, :, 0].clone(), None
     square = products[:, :, 1] * products[:, :, 1]
     for m in range(2, NUM_FORMS):
         square.addcmul_(products[:, :, m], products[:, :, m])
-    norm = torch.hypot(square.sqrt_(), eps)  # sqrt(sum <P>_C^2 + eps)
+    norm = torch.hypot(square.sqrt_(), root_eps)  # sqrt(sum <P>_C^2 + root_eps^2)
     return torch.addcmul(products[:, :, 0], gamma, norm), norm
 
 
@@ -119,7 +119,7 @@ class _GPAChunkedFunction(torch.autograd.Function):
                 acc = torch.zeros(batch, heads, rows, dim, dtype=query.dtype, device=query.device)
                 for k_start, k_stop, mask in plan.visits(q_start, q_stop):
                     products = torch.matmul(q_forms, key[:, :, k_start:k_stop].transpose(-1, -2))
-                    score, _ = _scores(products.view(batch, heads, plan.forms, rows, -1), plan.gamma, plan.eps)
+                    score, _ = _scores(products.view(batch, heads, plan.forms, rows, -1), plan.gamma, plan.root_eps)
                     if mask is not None:
                         score.masked_fill_(~mask, float("-inf"))
                     new_max = torch.maximum(row_max, score.amax(-1))
@@ -162,7 +162,7 @@ class _GPAChunkedFunction(torch.autograd.Function):
                     v = value[:, :, k_start:k_stop]
                     products = torch.matmul(q_forms, k.transpose(-1, -2))
                     tiles = products.view(batch, heads, plan.forms, rows, -1)
-                    score, norm = _scores(tiles, plan.gamma, plan.eps)
+                    score, norm = _scores(tiles, plan.gamma, plan.root_eps)
                     if mask is not None:
                         score.masked_fill_(~mask, float("-inf"))
                     p = score.sub_(row_lse).exp_()  # lse = +inf on empty rows -> 0
