@@ -87,14 +87,14 @@ def test_default_targets_are_registered_for_every_family():
     loha = peft_constants.TRANSFORMERS_MODELS_TO_LOHA_TARGET_MODULES_MAPPING
     assert loha["zpx"] == lora["zpx"] and loha["pct"] == lora["pct"] and "versor" not in loha
     # a second registration keeps entries (a user's own choice wins) and does not wrap PEFT twice
+    prepare = peft.tuners.lora.LoraModel._prepare_adapter_config
     lora["zpx"] = ["o_proj"]
     try:
         zpx_hf.integration_peft.register()
         assert lora["zpx"] == ["o_proj"]
     finally:
         lora["zpx"] = ["q_proj", "v_proj"]
-    prepare = peft.tuners.lora.LoraModel._prepare_adapter_config
-    assert prepare._zpx_hf_versor and not getattr(prepare, "__wrapped__", None)
+    assert peft.tuners.lora.LoraModel._prepare_adapter_config is prepare
 
 
 @pytest.mark.parametrize("case", FAMILY_CASES)
@@ -181,11 +181,30 @@ def test_versor_lora_commutes_with_rotor_sandwiches(training):
     rotor = rotor_exp_matrix(torch.randn(10, generator=torch.Generator().manual_seed(4), dtype=torch.float64))
     x = torch.randn(3, 5, 32, dtype=torch.float64)
     with torch.no_grad():
+        if training:  # dropout is active: two calls drop different channels
+            assert not torch.equal(layer(x), layer(x))
         torch.manual_seed(5)
         rotated_first = layer(sandwich(rotor, x))
         torch.manual_seed(5)  # the same dropout mask for both orders
         rotated_after = sandwich(rotor, layer(x))
     torch.testing.assert_close(rotated_first, rotated_after, rtol=1e-10, atol=1e-10)
+
+
+def test_versor_lora_disable_and_mixed_adapter_batches():
+    model = base_model("versor-hybrid", torch.float64)  # the mixed batch sums in another order: float64
+    ids = batch()
+    with torch.no_grad():
+        base_logits = model(input_ids=ids).logits
+    peft_model = peft.get_peft_model(model, peft.LoraConfig(init_lora_weights=False)).eval()
+    with torch.no_grad():
+        adapted = peft_model(input_ids=ids).logits
+        mixed = peft_model(input_ids=ids, adapter_names=["default", "__base__"]).logits
+        with peft_model.disable_adapter():
+            disabled = peft_model(input_ids=ids).logits
+    assert (adapted - base_logits).abs().max() > 1e-3
+    torch.testing.assert_close(disabled, base_logits, rtol=0, atol=0)
+    torch.testing.assert_close(mixed[0], adapted[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(mixed[1], base_logits[1], rtol=1e-12, atol=1e-12)
 
 
 def test_versor_lora_refuses_options_it_cannot_honour():

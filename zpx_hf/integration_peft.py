@@ -15,8 +15,8 @@ model-type tables:
   training too. It goes through PEFT's custom-module support (`LoraConfig._register_custom_module`),
   and the registration is automatic for models whose `config.model_type` is "versor": PEFT's LoRA
   tuner registers it on the config while it resolves the model's defaults, so `get_peft_model`,
-  `PeftModel.from_pretrained(model, path)`, `load_adapter` and `model.add_adapter` need nothing
-  extra. For a plain `nn.Module` built from `VersorLinear`, use `versor_lora_config(...)`.
+  `PeftModel.from_pretrained(model, path)` and `PeftModel.load_adapter` need nothing extra. For a
+  plain `nn.Module` built from `VersorLinear`, use `versor_lora_config(...)`.
 - Prefix tuning is refused for versor with an error that says why (RRA layers keep a recurrent
   rotor state, not keys and values) and what to use instead (LoRA or prompt tuning). ZPX and PCT
   take PEFT's prefix keys as they are (ZPX gives content-only keys zero phase features).
