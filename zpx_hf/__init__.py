@@ -2,8 +2,11 @@
 
 Importing the package registers every family with the Auto classes and marks the model
 classes for remote-code export, so `save_pretrained` writes a self-contained checkpoint
-that loads with `trust_remote_code=True` where `zpx_hf` is not installed.
+that loads with `trust_remote_code=True` where `zpx_hf` is not installed. Where `peft` is
+installed it also registers each family's PEFT defaults (`integration_peft.py`).
 """
+
+import importlib.util
 
 from transformers import (
     AutoConfig,
@@ -41,6 +44,9 @@ def _register(config_class, model_class, causal_lm_class, classification_class) 
 
 for _classes in FAMILIES.values():
     _register(*_classes)
+
+if importlib.util.find_spec("peft") is not None:  # default LoRA targets, Versor LoRA (see integration_peft)
+    from . import integration_peft  # noqa: F401
 
 __all__ = [
     "ZPXConfig",
