@@ -12,7 +12,7 @@ Paths (one head layout for all: B=1, H=2 on CPU / B=2, H=8 on CUDA, 64 features 
   gpa_reference     Versor GPA naive: [L, L, 11] score products materialised (2 multivector channels)
   gpa_chunked       Versor GPA O(L) PyTorch path: query panels, causal key blocks, online softmax
   gpa_triton        Versor GPA fused Triton kernels (CUDA)
-  rra_scan          Versor RRA: rotor exponentials, prefix scan (chunked on CPU, Triton on CUDA), sandwich
+  rra_scan          Versor RRA: closed-form rotors, log-depth scan (Triton scan on CUDA), sandwich; compact
 
 CPU: fp32, wall time = median of `--repeats` runs after a warm-up; peak memory = growth of the worker
 process's peak RSS over its RSS before the op (each point runs in a fresh subprocess). CUDA: bf16 (RRA

@@ -11,12 +11,17 @@ On CPU the GPA times come from one process per L that runs the methods interleav
 (`--gpa-rounds`, medians), so the ratios to SDPA share the machine's load; peak memory comes from a
 fresh process per method and L.
 
-RRA, H=4 rotor heads, c=2 value channels per head (the whole op: rotor exponentials, scan, sandwich):
-* `rra-sequential` the loop R_t = R_{t-1} dR_t
-* `rra-chunked`    the chunked parallel scan
+RRA, H=4 rotor heads, c=2 value channels per head (the whole op, default accumulate="compact": rotor
+exponentials, scan, sandwich; the state it carries is one rotor, [B, H, 32] float32, whatever L):
+* `rra-sequential` the loop R_t = R_{t-1} dR_t with matrix exponentials (the reference)
+* `rra-scan`       closed-form rotors, log-depth scan, structure-of-arrays complex products
 * `rra-triton`     the Triton scan kernel (CUDA only)
+* `rra-triton`     the Triton scan kernel (CUDA only)
+* `rra-sdpa`       torch SDPA, causal, on q, k, v of the same B, H and width (D = 32 c = 64): the baseline
+On CPU the RRA times come from one process per L running the methods interleaved (`--rra-rounds`,
+medians), like GPA's.
 
-Each point runs in a fresh subprocess. Peak memory is the growth of peak RSS over the RSS just before the
+Each point's peak memory comes from a fresh subprocess: the growth of peak RSS over the RSS just before the
 op (CPU) or `torch.cuda.max_memory_allocated` above the inputs (CUDA). `us/token` = time / (B * L): flat
 in L means linear scaling.
 
@@ -39,7 +44,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 GPA_METHODS = ("gpa-naive", "gpa-chunked", "gpa-triton", "sdpa")
 GPA_CPU_METHODS = ("sdpa", "gpa-chunked", "gpa-naive")
 GPA_HEADS, GPA_CHANNELS = 2, 2
-RRA_METHODS = ("rra-sequential", "rra-chunked", "rra-triton")
+RRA_METHODS = ("rra-sequential", "rra-scan", "rra-triton", "rra-sdpa")
+RRA_CPU_METHODS = ("rra-sdpa", "rra-scan", "rra-sequential")
+RRA_HEADS, RRA_CHANNELS = 4, 2
 
 
 def worker(method: str, length: int, device: str, dtype_name: str) -> dict:
@@ -47,22 +54,9 @@ def worker(method: str, length: int, device: str, dtype_name: str) -> dict:
 
     if device == "cpu":
         torch.set_num_threads(1)  # small ops; reproducible on a shared machine
-    from zpx_hf.ops_rra import recursive_rotor_accumulator
-
     torch.manual_seed(0)
     dtype = getattr(torch, dtype_name)
-    if method.startswith("rra"):
-        heads, channels = 4, 2
-        bivectors = (0.5 * torch.randn(1, length, heads, 10, device=device)).requires_grad_()
-        values = torch.randn(1, length, heads, channels, 32, device=device, dtype=dtype).requires_grad_()
-        kernel = method.split("-")[1]
-
-        def op() -> torch.Tensor:
-            return recursive_rotor_accumulator(bivectors, values, kernel=kernel)[0]
-
-        leaves = (bivectors, values)
-    else:
-        op, leaves = gpa_op(method, length, device, dtype)
+    op, leaves = (rra_op if method.startswith("rra") else gpa_op)(method, length, device, dtype)
 
     def step() -> None:
         op().float().sum().backward()
@@ -106,6 +100,26 @@ def gpa_op(method: str, length: int, device: str, dtype):
     return (lambda: geometric_product_attention(q, k, v, gamma, causal=True, kernel=kernel)), (q, k, v, gamma)
 
 
+def rra_op(method: str, length: int, device: str, dtype):
+    """(op, leaves): the RRA op with the method's kernel, or SDPA on the same B=1, H and width."""
+    import torch
+    import torch.nn.functional as F
+
+    from zpx_hf.ops_rra import recursive_rotor_accumulator
+
+    generator = torch.Generator(device=device).manual_seed(0)
+    if method == "rra-sdpa":
+        shape = (1, RRA_HEADS, length, 32 * RRA_CHANNELS)
+        q, k, v = (torch.randn(shape, device=device, generator=generator).to(dtype).requires_grad_() for _ in range(3))
+        return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), (q, k, v)
+    # the model's bivectors: s tanh(W x), s = 1
+    bivectors = torch.tanh(torch.randn(1, length, RRA_HEADS, 10, device=device, generator=generator))
+    values = torch.randn(1, length, RRA_HEADS, RRA_CHANNELS, 32, device=device, generator=generator).to(dtype)
+    leaves = (bivectors.requires_grad_(), values.requires_grad_())
+    kernel = method.removeprefix("rra-")
+    return (lambda: recursive_rotor_accumulator(*leaves, kernel=kernel)[0]), leaves
+
+
 def gpa_time_worker(length: int, methods: list[str], rounds: int) -> dict:
     """CPU, 1 thread: the methods' forward + backward interleaved, `rounds` times; median ms per method."""
     import statistics
@@ -115,7 +129,7 @@ def gpa_time_worker(length: int, methods: list[str], rounds: int) -> dict:
     torch.set_num_threads(1)
     steps = {}
     for method in methods:
-        op, leaves = gpa_op(method, length, "cpu", torch.float32)
+        op, leaves = (rra_op if method.startswith("rra") else gpa_op)(method, length, "cpu", torch.float32)
 
         def step(op=op, leaves=leaves) -> float:
             start = time.perf_counter()
@@ -133,11 +147,15 @@ def gpa_time_worker(length: int, methods: list[str], rounds: int) -> dict:
     return {method: statistics.median(values) for method, values in times.items()}
 
 
-def gpa_cpu_sweep(lengths: list[int], rounds: int, naive_max: int) -> dict:
-    """{(method, L): {"ms", "peak_mib"}}: interleaved medians for time, a fresh process per point for memory."""
+def gpa_cpu_sweep(
+    lengths: list[int], rounds: int, naive_max: int, methods: tuple = GPA_CPU_METHODS, naive: str = "gpa-naive"
+) -> dict:
+    """{(method, L): {"ms", "peak_mib"}}: interleaved medians for time, a fresh process per point for memory
+    (`naive` only up to L = `naive_max`). RRA uses it too."""
     rows = {}
+    all_methods = methods
     for length in lengths:
-        methods = [m for m in GPA_CPU_METHODS if m != "gpa-naive" or length <= naive_max]
+        methods = [m for m in all_methods if m != naive or length <= naive_max]
         times = run_worker(__file__, ["gpa-time", length, methods, rounds])
         for method in methods:
             memory = run_worker(__file__, [method, length, "cpu", "float32"])
@@ -149,10 +167,13 @@ def gpa_cpu_sweep(lengths: list[int], rounds: int, naive_max: int) -> dict:
     return rows
 
 
-def gpa_ratio_table(rows: dict, lengths: list[int], rounds: int) -> list[str]:
-    """Per L and method: median ms, x SDPA time, peak MiB, x SDPA memory."""
+def gpa_ratio_table(
+    rows: dict, lengths: list[int], rounds: int, methods: tuple = GPA_CPU_METHODS, title: str | None = None
+) -> list[str]:
+    """Per L and method: median ms, x SDPA time, peak MiB, x SDPA memory (the baseline: `methods[0]`)."""
     lines = [
-        f"GPA, forward + backward, B=1, H={GPA_HEADS}, {GPA_CHANNELS} multivector channels per head "
+        title
+        or f"GPA, forward + backward, B=1, H={GPA_HEADS}, {GPA_CHANNELS} multivector channels per head "
         f"(D={32 * GPA_CHANNELS}), causal, float32, 1 thread; time = median of {rounds} interleaved rounds, "
         "ratios to SDPA from the same process:",
         "",
@@ -160,8 +181,8 @@ def gpa_ratio_table(rows: dict, lengths: list[int], rounds: int) -> list[str]:
         "|---:|---|---:|---:|---:|---:|",
     ]
     for length in lengths:
-        base = rows.get(("sdpa", length), {})
-        for method in GPA_CPU_METHODS:
+        base = rows.get((methods[0], length), {})
+        for method in methods:
             row = rows.get((method, length))
             if row is None:
                 continue
@@ -170,7 +191,7 @@ def gpa_ratio_table(rows: dict, lengths: list[int], rounds: int) -> list[str]:
                 continue
             memory_ratio = row["peak_mib"] / max(base["peak_mib"], 1.0)
             lines.append(
-                f"| {length} | {method} | {row['ms']:,.1f} | {row['ms'] / base['ms']:.1f} | "
+                f"| {length} | {method} | {row['ms']:,.1f} | {row['ms'] / base['ms']:.2f} | "
                 f"{row['peak_mib']:,.0f} | {memory_ratio:.1f} |"
             )
     return lines + [""]
@@ -210,8 +231,9 @@ def main() -> None:
     parser.add_argument("--gpa-lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     parser.add_argument("--gpa-rounds", type=int, default=5, help="interleaved timing rounds per L (CPU)")
     parser.add_argument("--gpa-naive-max", type=int, default=2048, help="longest L for the O(L^2) reference")
-    parser.add_argument("--rra-lengths", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
-    parser.add_argument("--sequential-max", type=int, default=16384, help="longest L for the Python loop")
+    parser.add_argument("--rra-lengths", type=int, nargs="+", default=[256, 1024, 2048, 4096])
+    parser.add_argument("--rra-rounds", type=int, default=5, help="interleaved timing rounds per L (CPU)")
+    parser.add_argument("--sequential-max", type=int, default=1024, help="longest L for the Python loop")
     parser.add_argument("--cuda-gpa-lengths", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--cuda-rra-lengths", type=int, nargs="+", default=[4096, 16384, 65536])
     args = parser.parse_args()
@@ -224,20 +246,18 @@ def main() -> None:
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     cpu_gpa = gpa_cpu_sweep(args.gpa_lengths, args.gpa_rounds, args.gpa_naive_max)
-    cpu_rra = sweep(
-        ("rra-sequential", "rra-chunked"), args.rra_lengths, "cpu", "float32", {"rra-sequential": args.sequential_max}
-    )
+    cpu_rra = gpa_cpu_sweep(args.rra_lengths, args.rra_rounds, args.sequential_max, RRA_CPU_METHODS, "rra-sequential")
     lines = [
         f"# Versor benchmark (CPU, {os.cpu_count()} cores, torch {torch.__version__}, 1 thread per run)",
         "",
     ]
     lines += gpa_ratio_table(cpu_gpa, args.gpa_lengths, args.gpa_rounds)
-    lines += table(
-        cpu_rra,
-        args.rra_lengths,
-        ["rra-sequential", "rra-chunked"],
-        "RRA (rotor exp + scan + sandwich), forward + backward, B=1, H=4, 2 value channels per head, float32:",
+    rra_title = (
+        f"RRA, forward + backward, B=1, H={RRA_HEADS}, {RRA_CHANNELS} value channels per head, accumulate='compact', "
+        f"float32, 1 thread; the state carried between calls is [B, H, 32] float32 whatever L; time = median of "
+        f"{args.rra_rounds} interleaved rounds, ratios to SDPA (causal, D={32 * RRA_CHANNELS}) from the same process:"
     )
+    lines += gpa_ratio_table(cpu_rra, args.rra_lengths, args.rra_rounds, RRA_CPU_METHODS, rra_title)
     lines.append(
         "CPU has no Triton fast path (the interpreter only checks correctness), so the kernel rows are GPU-only; "
         "`python benchmarks/bench_versor.py` on a CUDA machine writes them to versor_bench_cuda.md."
@@ -250,7 +270,7 @@ def main() -> None:
         for dtype in ("float32", "bfloat16"):
             rows = sweep(GPA_METHODS, args.cuda_gpa_lengths, "cuda", dtype, {"gpa-naive": 4096})
             lines += table(rows, args.cuda_gpa_lengths, list(GPA_METHODS), f"GPA, forward + backward, {dtype}:")
-        rows = sweep(RRA_METHODS, args.cuda_rra_lengths, "cuda", "float32", {"rra-sequential": 16384})
+        rows = sweep(RRA_METHODS, args.cuda_rra_lengths, "cuda", "float32", {"rra-sequential": 4096})
         lines += table(rows, args.cuda_rra_lengths, list(RRA_METHODS), "RRA, forward + backward, float32:")
         (RESULTS / "versor_bench_cuda.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))

@@ -6,7 +6,7 @@
 Checks (forward and every gradient, odd lengths, causal and not, fp32 / fp16 / bf16):
   PCT sigmoid attention   pct_attention kernel 'triton' vs 'tiled'            grads q, k, v, tau, b (+ padding mask)
   Versor GPA              gpa_triton vs gpa_naive (+ key padding, Lq < Lk)    grads q, k, v, gamma
-  Versor RRA scan         rotor_scan_triton vs rotor_scan_sequential (fp32)   grads rotors, initial state
+  Versor RRA              op triton vs sequential, compact + full (fp32)      grads bivectors, value, initial
   RRA stability           |R ~R - 1| after a 16,384-token rotation scan on the Triton path
   ZPX                     SDPA fast form (fp32/fp16/bf16) vs the materialised form in fp32 (no Triton kernel)
   models                  PCT and Versor models with kernels "triton" vs "reference": logits and grad norms
@@ -172,34 +172,45 @@ def check_gpa(rows: list[dict[str, Any]], dtypes: list[Any], quick: bool) -> Non
 def check_rra(rows: list[dict[str, Any]], quick: bool) -> None:
     import torch
 
-    from zpx_hf.clifford_algebra import rotor_exp_matrix, rotor_norm_error
-    from zpx_hf.ops_rra import identity_rotor, rotor_scan_sequential, rotor_scan_triton
+    from zpx_hf.clifford_algebra import rotor_exp, rotor_norm_error, to_matrix
+    from zpx_hf.ops_rra import recursive_rotor_accumulator
 
-    cases = [(1, 1), (6, 37), (64, 513)] + ([] if quick else [(256, 2049)])
-    for num, length in cases[:2] if SMOKE else cases:
+    def op(kernel: str, accumulate: str) -> Callable[..., Any]:
+        def run(bivectors: Any, value: Any, initial: Any) -> Any:
+            kwargs = dict(accumulate=accumulate, initial=initial, kernel=kernel)
+            return recursive_rotor_accumulator(bivectors, value, **kwargs)[0]
+
+        return run
+
+    # (B, L, H): the whole op (closed-form rotors, Triton scan, sandwich) vs the sequential reference
+    cases = [(1, 1, 1), (2, 37, 3), (2, 513, 8)] + ([] if quick else [(4, 2049, 8)])
+    for batch, length, heads in cases[:2] if SMOKE else cases:
         g = torch.Generator(device=DEVICE).manual_seed(length)
-        bivectors = torch.randn(num, length, 10, device=DEVICE, generator=g) * 0.1
-        rotors = rotor_exp_matrix(bivectors).detach().requires_grad_(True)
-        initial = rotor_exp_matrix(torch.randn(num, 10, device=DEVICE, generator=g) * 0.1).detach().requires_grad_(True)
-        compare(
-            f"rra scan N={num} L={length}",
-            rotor_scan_triton,
-            rotor_scan_sequential,
-            [rotors, initial],
-            ["drotors", "dinitial"],
-            torch.float32,
-            rows,
-        )
-    # rotations only (the 6 bivectors e_i e_j, i, j <= 4: indices of masks 3, 5, 6, 9, 10, 12)
+        bivectors = torch.tanh(torch.randn(batch, length, heads, 10, device=DEVICE, generator=g))
+        value = torch.randn(batch, length, heads, 2, 32, device=DEVICE, generator=g)
+        initial = rotor_exp(torch.randn(batch, heads, 10, device=DEVICE, generator=g) * 0.3)
+        for accumulate in ("compact", "full"):
+            scaled = bivectors.clone()
+            if accumulate == "full":  # accumulated boosts grow without bound: keep them small
+                scaled[..., 6:] *= 0.05
+            compare(
+                f"rra {accumulate} B={batch} L={length} H={heads}",
+                op("triton", accumulate),
+                op("sequential", accumulate),
+                [scaled.requires_grad_(True), value.requires_grad_(True), initial.requires_grad_(True)],
+                ["dbivectors", "dvalue", "dinitial"],
+                torch.float32,
+                rows,
+            )
     length = 64 if SMOKE else 16384
-    bivectors = torch.zeros(8, length, 10, device=DEVICE)
-    bivectors[..., :6] = torch.randn(8, length, 6, device=DEVICE) * 0.3
+    bivectors = torch.tanh(torch.randn(8, length, 4, 10, device=DEVICE))
     with torch.no_grad():
-        final = rotor_scan_triton(rotor_exp_matrix(bivectors), identity_rotor(8, device=DEVICE))[:, -1]
-        drift = float(rotor_norm_error(final).max())
-    ok = drift < 1e-3
+        value = torch.zeros(8, length, 4, 1, 32, device=DEVICE)
+        _, state = recursive_rotor_accumulator(bivectors, value, kernel="triton")
+        drift = float(rotor_norm_error(to_matrix(state)).max())
+    ok = drift < 1e-5
     rows.append(
-        {"check": f"rra stability L={length} (rotations)", "dtype": "float32", "ok": ok, "errors": {"RR~-1": drift}}
+        {"check": f"rra stability L={length} (compact)", "dtype": "float32", "ok": ok, "errors": {"RR~-1": drift}}
     )
     print(f"{'PASS' if ok else 'FAIL'} rra stability |R~R-1|={drift:.1e}", flush=True)
 

@@ -257,18 +257,21 @@ def matrix_geometric_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 @cache
-def _reverse_conjugator() -> torch.Tensor:
+def _reverse_signs_matrix() -> torch.Tensor:
     # ~M = C M^T C^-1 with C = E_{e2 e4}: transposition fixes e1, e3, e5 and negates e2, e4 (sy^T = -sy);
     # conjugation by e2 e4 negates exactly e2 and e4 back, so the composite fixes every generator and
-    # reverses products: it is the reversion anti-automorphism.
-    return _matrix_basis()[0b01010]
+    # reverses products: it is the reversion anti-automorphism. C is a signed anti-diagonal
+    # (C[i, 3 - i] = c_i, C^-1 = -C), so ~M[i, j] = -c_i c_{3-j} M[3 - j, 3 - i]: a transpose about the
+    # anti-diagonal and a sign pattern, no products.
+    conjugator = _matrix_basis()[0b01010, 0]  # E_{e2 e4} is real
+    c = torch.stack([conjugator[i, 3 - i] for i in range(4)])
+    return -c[:, None] * c.flip(0)[None, :]
 
 
 def matrix_reverse(m: torch.Tensor) -> torch.Tensor:
-    """Reversion ~M in the matrix representation, `[..., 2, 4, 4]`."""
-    c = _reverse_conjugator().to(device=m.device, dtype=m.dtype)
-    c_inv = -c  # (e2 e4)^2 = -1
-    return complex_matmul(complex_matmul(c.expand_as(m), m.transpose(-1, -2)), c_inv.expand_as(m))
+    """Reversion ~M in the matrix representation, `[..., 2, 4, 4]` real/imag pairs or `[..., 4, 4]` complex."""
+    signs = _reverse_signs_matrix().to(device=m.device, dtype=m.real.dtype)
+    return m.flip(-2, -1).transpose(-2, -1) * signs
 
 
 def _complex_to_real8(m: torch.Tensor) -> torch.Tensor:
@@ -294,6 +297,137 @@ def rotor_exp_matrix(bivector: torch.Tensor) -> torch.Tensor:
     generator = torch.einsum("...k,kczw->...czw", -0.5 * b, basis)
     real8 = torch.linalg.matrix_exp(_complex_to_real8(generator))
     return torch.stack((real8[..., :4, :4], real8[..., 4:, :4]), dim=-3)
+
+
+# --------------------------------------------------------------------------------------------------
+# Closed-form rotors: Spin(4) = SU(2) x SU(2) for rotations, cosh/sinh for boosts
+# --------------------------------------------------------------------------------------------------
+
+# positions of the 6 rotation (e_i e_j, i, j <= 4) and 4 boost (e_i e5) bivectors in BIVECTOR_MASKS order
+ROTATION_INDICES = tuple(i for i, mask in enumerate(BIVECTOR_MASKS) if not mask & 16)
+BOOST_INDICES = tuple(i for i, mask in enumerate(BIVECTOR_MASKS) if mask & 16)
+# the blades of a boost rotor exp(-A/2): the scalar and the 4 boost bivectors
+BOOST_ROTOR_MASKS = (0, *(BIVECTOR_MASKS[i] for i in BOOST_INDICES))
+# below this squared angle the closed forms use their Taylor series (truncation error < 1e-18)
+_SERIES_BELOW = 1e-5
+
+
+@cache
+def _spin4_tables() -> dict[str, torch.Tensor]:
+    """Constants of the rotation rotors, derived from the matrix basis (float64).
+
+    I = e1234 squares to +1 and commutes with every even element of Cl(4,0), so P+- = (1 +- I)/2 split
+    that subalgebra into two quaternion algebras. In this representation I = diag(-1, 1, 1, -1): P+ keeps
+    rows/columns (1, 2), P- keeps (0, 3), and a rotation rotor is block diagonal with two SU(2) blocks.
+    A block is a "quaternion" q0 1 + q1 (i sx) + q2 (i sy) + q3 (i sz), so a rotor is a pair `[2, 4]`.
+
+    * `generator [2, 3, 6]`: -B/2 on block s is sum_m w_m (i s_m) with w = generator[s] @ B_rotation;
+      the rotation bivectors are anti-Hermitian and traceless, so each block is exactly of that form.
+    * `product [4, 4, 4]`: structure constants, (a b)_k = sum_ij product[i, j, k] a_i b_j.
+    * `matrix [2, 4, 2, 4, 4]`: quaternion pair -> M4(C) real/imag parts; `multivector [2, 4, 32]`: -> blades.
+    """
+    basis = _matrix_basis()
+    complex_basis = torch.complex(basis[:, 0], basis[:, 1])
+    pseudoscalar = complex_basis[0b01111].diagonal().real
+    blocks = (torch.nonzero(pseudoscalar > 0).flatten(), torch.nonzero(pseudoscalar < 0).flatten())
+    eye = torch.eye(2, dtype=torch.complex128, device=_CPU)
+    paulis = (
+        torch.tensor([[0, 1], [1, 0]], dtype=torch.complex128, device=_CPU),
+        torch.tensor([[0, -1j], [1j, 0]], dtype=torch.complex128, device=_CPU),
+        torch.tensor([[1, 0], [0, -1]], dtype=torch.complex128, device=_CPU),
+    )
+    units = torch.stack((eye, *(1j * p for p in paulis)))  # [4, 2, 2]
+
+    def coefficient(block: torch.Tensor, unit: torch.Tensor) -> float:
+        # <X, U> = Re Tr(X U^dagger) / 2 (the units are orthonormal under it)
+        return float(torch.trace(block @ unit.conj().T).real / 2)
+
+    rotation = [complex_basis[BIVECTOR_MASKS[k]] for k in ROTATION_INDICES]
+    generator = torch.tensor(
+        [[[-0.5 * coefficient(e[b][:, b], units[m]) for e in rotation] for m in (1, 2, 3)] for b in blocks],
+        dtype=torch.float64,
+        device=_CPU,
+    )
+    product = torch.tensor(
+        [[[coefficient(units[i] @ units[j], units[k]) for k in range(4)] for j in range(4)] for i in range(4)],
+        dtype=torch.float64,
+        device=_CPU,
+    )
+    matrix = torch.zeros(2, 4, 4, 4, dtype=torch.complex128, device=_CPU)
+    for s, b in enumerate(blocks):
+        for a in range(4):
+            matrix[s, a][b[:, None], b[None, :]] = units[a]
+    matrix = torch.stack((matrix.real, matrix.imag), dim=2)  # [2, 4, 2, 4, 4]
+    return {
+        "generator": generator,
+        "product": product,
+        "matrix": matrix,
+        "multivector": from_matrix(matrix),
+    }
+
+
+def spin4_table(name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """One of the `_spin4_tables()` constants on `device` in `dtype`."""
+    return _spin4_tables()[name].to(device=device, dtype=dtype)
+
+
+def _cos_sinc(angle2: torch.Tensor, hyperbolic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos x, sin x / x), or (cosh x, sinh x / x), from x^2 = `angle2` >= 0; series near 0 so values and
+    gradients stay exact (and finite) at x = 0."""
+    sign = 1.0 if hyperbolic else -1.0
+    small = angle2 < _SERIES_BELOW
+    x2 = torch.where(small, torch.ones_like(angle2), angle2)  # keeps the exact branch's gradient finite
+    x = x2.sqrt()
+    exact_cos = torch.cosh(x) if hyperbolic else torch.cos(x)
+    exact_sinc = (torch.sinh(x) if hyperbolic else torch.sin(x)) / x
+    a = sign * angle2
+    series_cos = 1 + a / 2 + a * a / 24
+    series_sinc = 1 + a / 6 + a * a / 120
+    return torch.where(small, series_cos, exact_cos), torch.where(small, series_sinc, exact_sinc)
+
+
+def rotation_rotor(rotation: torch.Tensor) -> torch.Tensor:
+    """exp(-B/2) for rotation bivectors `[..., 6]` (coefficients of BIVECTOR_MASKS[ROTATION_INDICES]) as a
+    quaternion pair `[..., 2, 4]` (see `_spin4_tables`).
+
+    On block s, -B/2 = w . (i s) with (w . i s)^2 = -|w|^2, so exp(-B/2) = cos|w| + sin|w| / |w| (w . i s):
+    the two commuting halves B P+ and B P- of B each rotate by their own angle.
+    """
+    w = torch.einsum("smk,...k->...sm", spin4_table("generator", rotation.device, rotation.dtype), rotation)
+    cos, sinc = _cos_sinc((w * w).sum(-1), hyperbolic=False)
+    return torch.cat((cos[..., None], sinc[..., None] * w), dim=-1)
+
+
+def boost_rotor(boost: torch.Tensor) -> torch.Tensor:
+    """exp(-A/2) for boost bivectors `[..., 4]` (A = sum_i a_i e_i e5) as coefficients `[..., 5]` of the blades
+    `BOOST_ROTOR_MASKS` (scalar, then the boosts).
+
+    A^2 = |a|^2 (the e_i e5 square to +1 and anticommute), so exp(-A/2) = cosh(|a|/2) - sinh(|a|/2) A / |a|.
+    """
+    cosh, sinhc = _cos_sinc((boost * boost).sum(-1) / 4, hyperbolic=True)
+    return torch.cat((cosh[..., None], -0.5 * sinhc[..., None] * boost), dim=-1)
+
+
+def quaternion_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Product of the SU(2) blocks `[..., 4]` (the rotor product within one half of Spin(4))."""
+    table = spin4_table("product", a.device, a.dtype)
+    return torch.einsum("...i,...j,ijk->...k", a, b, table)
+
+
+def spin4_to_matrix(pair: torch.Tensor) -> torch.Tensor:
+    """Quaternion pair `[..., 2, 4]` -> its M4(C) matrix `[..., 2, 4, 4]` (real/imag parts)."""
+    return torch.einsum("...sa,saczw->...czw", pair, spin4_table("matrix", pair.device, pair.dtype))
+
+
+def spin4_to_multivector(pair: torch.Tensor) -> torch.Tensor:
+    """Quaternion pair `[..., 2, 4]` -> multivector coefficients `[..., 32]` (on the blades of Cl+(4,0))."""
+    return torch.einsum("...sa,saz->...z", pair, spin4_table("multivector", pair.device, pair.dtype))
+
+
+def boost_to_matrix(coefficients: torch.Tensor) -> torch.Tensor:
+    """Boost-rotor coefficients `[..., 5]` (`BOOST_ROTOR_MASKS`) -> M4(C) matrix `[..., 2, 4, 4]`."""
+    basis = _basis(coefficients.device, coefficients.dtype)[list(BOOST_ROTOR_MASKS)]
+    return torch.einsum("...k,kczw->...czw", coefficients, basis)
 
 
 def rotor_exp(bivector: torch.Tensor) -> torch.Tensor:
@@ -332,6 +466,16 @@ def sandwich(rotor_matrix: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 __all__ = [
     "BIVECTOR_MASKS",
+    "BOOST_INDICES",
+    "BOOST_ROTOR_MASKS",
+    "ROTATION_INDICES",
+    "boost_rotor",
+    "boost_to_matrix",
+    "quaternion_product",
+    "rotation_rotor",
+    "spin4_table",
+    "spin4_to_matrix",
+    "spin4_to_multivector",
     "NUM_BLADES",
     "NUM_GRADES",
     "CliffordAlgebra",

@@ -1,328 +1,148 @@
-"""Recursive rotor accumulator (RRA, SPEC §4): rotor prefix products and the sandwich output.
+"""Recursive rotor accumulator (RRA, SPEC §4 and §8): entry point and dispatch.
 
-Per token t and head a bivector B_t gives the rotor dR_t = exp(-B_t/2); the state is the prefix product
+Per token t and head, a bivector B_t gives the rotor dR_t = exp(-B_t/2); the state is the prefix product
 
-    R_t = R_{t-1} dR_t      (R_{-1} = 1, or the cached state during generation)
-    y_t = R_t v_t ~R_t      (per value channel; grade-preserving)
+    R_t = R_{t-1} dR_t      (R_{-1} = 1, or the state returned by the previous call)
+    y_t = T_t v_t ~T_t      (per value channel; grade-preserving)
 
-Rotors are carried in the Cl(4,1) = M4(C) representation as real/imag parts `[..., 2, 4, 4]`, in float32:
-a product is one complex 4x4 matmul, exact in the algebra up to float rounding.
+`accumulate="full"` is this formula as written (T_t = R_t). `"compact"` (the default) accumulates only the
+6 rotation bivectors (e_i e_j, i, j <= 4) and applies the 4 boosts A_t (e_i e5) per token:
+T_t = R_t exp(-A_t/2). Why: Spin(4,1) is not compact. Rotation rotors are unitary in the M4(C)
+representation and their products stay bounded; a product of boosts grows without bound, and no float
+format keeps R~R = 1 once |R|^2 eps is large (boost coefficients of std 0.02 drift to |R~R - 1| ~ 0.3
+within 16K tokens, std 0.1 overflows).
 
-Stability. Two separate effects:
+Kernels, one signature and one function (`rra_naive` is the definition, the others are tested against it):
 
-* Drift off the group. Rounding in a long product drifts linearly (measured: |R~R - 1| ~ 1.5e-3 after
-  16,384 unnormalised fp32 steps). Every scan re-projects the state with one Newton step
-  R <- R (3 - ~R R) / 2 (`rotor_normalize`): the sequential and Triton scans every `RENORM_EVERY` = 64
-  steps, the chunked scan at chunk boundaries. The projection is straight-through (value projected,
-  gradient of the identity): on the group it changes R by O(rounding), so gradients are unaffected
-  beyond that order. Measured after 16,384 steps of random rotations (tests): 6e-8 (sequential),
-  1.3e-5 (chunked).
-* Growth. Spin(4,1) is not compact. In this representation e1..e4 are Hermitian and e5 anti-Hermitian,
-  so the 6 rotation bivectors e_i e_j (i, j <= 4) are anti-Hermitian and their rotors unitary, while the 4
-  boosts e_i e5 are Hermitian with positive-definite exponentials. A product of boosts grows without
-  bound and no float format keeps R~R = 1 once |R|^2 eps is large (measured: boost coefficients of std
-  0.02 give |R~R - 1| ~ 0.3 after 16,384 steps, std 0.1 overflows). `local_bivectors` lets the model
-  accumulate the compact part and apply the rest per token (Versor's default,
-  `rra_accumulate="compact"`); passing all 10 components as `bivectors` is the paper's RRA as written.
+* `"sequential"` - `ops_rra_naive.py`: the loop as written, matrix exponentials (the readable reference).
+* `"scan"` - `ops_rra_scan.py`: closed-form rotors, a log-depth scan, structure-of-arrays complex products.
+* `"triton"` - `ops_rra_triton.py`: a Triton scan kernel (forward and backward), CUDA.
+* `"auto"` - triton for CUDA tensors when Triton imports, else scan.
 
-Scan paths, same signature `(rotors [N, L, 2, 4, 4], initial [N, 2, 4, 4] | None) -> [N, L, 2, 4, 4]`:
+Numerics: everything algebraic runs in float32 (float64 when an input is float64), with autocast disabled:
+under bf16 the inputs are cast up and the output is cast back to `value.dtype`. Rounding drift off the
+group is removed by re-projection (R <- R (3 - ~R R) / 2, or q / |q| for the compact scan's quaternions),
+straight-through: the projected value, the gradient of the identity (the correction is O(rounding)).
 
-* `rotor_scan_sequential` - the loop as written (reference).
-* `rotor_scan_chunked` - chunked parallel scan: prefix products inside chunks of size c (vectorised over
-  chunks), a scan over the chunk totals, one combining product. O(L) work, ~2 sqrt(L) Python steps.
-* `rotor_scan_triton` - Triton kernel: each program carries BLOCK_S sequences through time (forward),
-  and runs the reverse recursion for the backward: with G_t = dL/dR_t and
-  Gbar_t = G_t + Gbar_{t+1} dR_{t+1}^H:  dL/d dR_t = R_{t-1}^H Gbar_t,  dL/dR_{-1} = Gbar_0 dR_0^H.
-
-`rotor_scan` is the one dispatch function; `recursive_rotor_accumulator` is the full op.
+State: the rotor R_{L-1} as multivector coefficients `[B, H, 32]` (float32; R~R = 1), re-projected on
+return; passing it back as `initial` continues the sequence exactly as one uninterrupted call would.
 """
 
 from __future__ import annotations
 
-import math
+import warnings
 
 import torch
 
-from .clifford_algebra import (
-    complex_matmul,
-    from_matrix,
-    matrix_reverse,
-    rotor_exp_matrix,
-    rotor_normalize,
-    to_matrix,
-)
+from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, ROTATION_INDICES, from_matrix
+from .ops_rra_naive import rra_naive
+from .ops_rra_scan import accumulated_rotors, from_soa, rra_scan
+from .ops_rra_triton import HAS_TRITON, rra_triton
 
-try:
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # remote-code copies and CPU-only installs run the PyTorch scans
-    triton = None
-    tl = None
-    HAS_TRITON = False
-
-RRA_KERNELS = ("auto", "sequential", "chunked", "triton")
-# the sequential and Triton scans re-project the state onto the group every RENORM_EVERY steps
-RENORM_EVERY = 64
+RRA_KERNELS = ("sequential", "scan", "triton")
+RRA_ACCUMULATE = ("compact", "full")
+_IMPLEMENTATIONS = {"sequential": rra_naive, "scan": rra_scan, "triton": rra_triton}
 
 
-def identity_rotor(*shape: int, device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The rotor 1 as `[*shape, 2, 4, 4]`."""
-    eye = torch.eye(4, device=device, dtype=dtype)
-    return torch.stack((eye, torch.zeros_like(eye))).expand(*shape, 2, 4, 4).contiguous()
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is unknown; use one of {list(choices)}.")
 
 
-def _project(state: torch.Tensor) -> torch.Tensor:
-    """Straight-through group projection: the value of `rotor_normalize(state)`, the gradient of identity
-    (the correction is O(rounding); see the module docstring)."""
-    return state + (rotor_normalize(state) - state).detach()
-
-
-def rotor_scan_sequential(
-    rotors: torch.Tensor, initial: torch.Tensor | None = None, renorm_every: int = RENORM_EVERY
-) -> torch.Tensor:
-    """R_t = R_{t-1} dR_t, one step at a time; the state is re-projected after every `renorm_every` steps."""
-    state = identity_rotor(rotors.shape[0], device=rotors.device, dtype=rotors.dtype) if initial is None else initial
-    outputs = []
-    # unbind (not rotors[:, t]): its backward is one stack; per-step indexing would cost O(L) each
-    for t, rotor in enumerate(rotors.unbind(1)):
-        state = complex_matmul(state, rotor)
-        if renorm_every and (t + 1) % renorm_every == 0:
-            state = _project(state)
-        outputs.append(state)
-    return torch.stack(outputs, dim=1)
-
-
-def rotor_scan_chunked(
-    rotors: torch.Tensor, initial: torch.Tensor | None = None, chunk_size: int | None = None
-) -> torch.Tensor:
-    """Chunked parallel prefix product (the loop's result up to rounding, O(L) work). Chunk-boundary states
-    are re-projected onto the group (straight-through)."""
-    num_seq, length = rotors.shape[:2]
-    if length == 0:
-        return rotors
-    chunk = chunk_size or max(1, math.isqrt(length))
-    num_chunks = -(-length // chunk)
-    pad = num_chunks * chunk - length
-    if pad:
-        filler = identity_rotor(num_seq, pad, device=rotors.device, dtype=rotors.dtype)
-        rotors = torch.cat((rotors, filler), dim=1)
-    blocks = rotors.reshape(num_seq, num_chunks, chunk, 2, 4, 4)
-    # prefix products inside every chunk at once
-    steps = blocks.unbind(2)
-    local = [steps[0]]
-    for step in steps[1:]:
-        local.append(complex_matmul(local[-1], step))
-    local = torch.stack(local, dim=2)  # [N, n, c, 2, 4, 4]
-    # exclusive scan over the chunk totals
-    carry = identity_rotor(num_seq, device=rotors.device, dtype=rotors.dtype) if initial is None else initial
-    carries = [carry]
-    for total in local[:, :-1, -1].unbind(1):
-        carries.append(_project(complex_matmul(carries[-1], total)))
-    carries = torch.stack(carries, dim=1)  # [N, n, 2, 4, 4]
-    out = complex_matmul(carries[:, :, None].expand_as(local), local)
-    return out.reshape(num_seq, num_chunks * chunk, 2, 4, 4)[:, :length]
-
-
-if HAS_TRITON:
-
-    @triton.jit
-    def _cmul(ar, ai, br, bi):
-        # (A B)[s, i, k] = sum_j A[s, i, j] B[s, j, k] on real/imag parts
-        rr = tl.sum(ar[:, :, :, None] * br[:, None, :, :], 2) - tl.sum(ai[:, :, :, None] * bi[:, None, :, :], 2)
-        ri = tl.sum(ar[:, :, :, None] * bi[:, None, :, :], 2) + tl.sum(ai[:, :, :, None] * br[:, None, :, :], 2)
-        return rr, ri
-
-    @triton.jit
-    def _cmul_adjoint_left(ar, ai, br, bi):
-        # A^H B = (Ar^T - i Ai^T)(Br + i Bi); (A^T B)[s, i, k] = sum_j A[s, j, i] B[s, j, k]
-        rr = tl.sum(ar[:, :, :, None] * br[:, :, None, :], 1) + tl.sum(ai[:, :, :, None] * bi[:, :, None, :], 1)
-        ri = tl.sum(ar[:, :, :, None] * bi[:, :, None, :], 1) - tl.sum(ai[:, :, :, None] * br[:, :, None, :], 1)
-        return rr, ri
-
-    @triton.jit
-    def _cmul_adjoint_right(ar, ai, br, bi):
-        # A B^H = (Ar + i Ai)(Br^T - i Bi^T); (A B^T)[s, i, k] = sum_j A[s, i, j] B[s, k, j]
-        rr = tl.sum(ar[:, :, None, :] * br[:, None, :, :], 3) + tl.sum(ai[:, :, None, :] * bi[:, None, :, :], 3)
-        ri = tl.sum(ai[:, :, None, :] * br[:, None, :, :], 3) - tl.sum(ar[:, :, None, :] * bi[:, None, :, :], 3)
-        return rr, ri
-
-    @triton.jit
-    def _reverse(rr, ri):
-        # ~R = C R^T C^-1 = -C R^T C with C = E_{e2 e4}, a real signed anti-diagonal: C[i, 3 - i] = (-1)^i
-        i = tl.arange(0, 4)[:, None]
-        a = tl.arange(0, 4)[None, :]
-        c = tl.where(a == 3 - i, tl.where(i % 2 == 0, 1.0, -1.0), 0.0)
-        # (R^T C)[s, a, j] = sum_b R[s, b, a] C[b, j];  (C X)[s, i, j] = sum_a C[i, a] X[s, a, j]
-        tr = tl.sum(rr[:, :, :, None] * c[None, :, None, :], 1)
-        ti = tl.sum(ri[:, :, :, None] * c[None, :, None, :], 1)
-        out_r = tl.sum(c[None, :, :, None] * tr[:, None, :, :], 2)
-        out_i = tl.sum(c[None, :, :, None] * ti[:, None, :, :], 2)
-        return -out_r, -out_i
-
-    @triton.jit
-    def _normalize(rr, ri):
-        # R <- R (3 - ~R R) / 2
-        vr, vi = _reverse(rr, ri)
-        nr, ni = _cmul(vr, vi, rr, ri)
-        eye = tl.where(tl.arange(0, 4)[:, None] == tl.arange(0, 4)[None, :], 3.0, 0.0)
-        pr, pi = _cmul(rr, ri, eye[None, :, :] - nr, -ni)
-        return 0.5 * pr, 0.5 * pi
-
-    @triton.jit
-    def _rotor_scan_fwd_kernel(
-        ROTORS, INITIAL, OUT, num_seq, seq_len, renorm_every, BLOCK_S: tl.constexpr, RENORM: tl.constexpr
-    ):
-        offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-        entry = tl.arange(0, 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
-        mask = (offs_s < num_seq)[:, None, None]
-        state = offs_s[:, None, None] * 32 + entry[None, :, :]
-        rr = tl.load(INITIAL + state, mask=mask, other=0.0).to(tl.float32)
-        ri = tl.load(INITIAL + state + 16, mask=mask, other=0.0).to(tl.float32)
-        seq = offs_s[:, None, None] * (seq_len * 32) + entry[None, :, :]
-        for t in range(seq_len):
-            dr = tl.load(ROTORS + seq + t * 32, mask=mask, other=0.0).to(tl.float32)
-            di = tl.load(ROTORS + seq + t * 32 + 16, mask=mask, other=0.0).to(tl.float32)
-            rr, ri = _cmul(rr, ri, dr, di)
-            if RENORM:
-                if (t + 1) % renorm_every == 0:
-                    rr, ri = _normalize(rr, ri)
-            tl.store(OUT + seq + t * 32, rr, mask=mask)
-            tl.store(OUT + seq + t * 32 + 16, ri, mask=mask)
-
-    @triton.jit
-    def _rotor_scan_bwd_kernel(
-        ROTORS, INITIAL, OUT, GRAD, GRAD_ROTORS, GRAD_INITIAL, num_seq, seq_len, BLOCK_S: tl.constexpr
-    ):
-        offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-        entry = tl.arange(0, 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
-        mask = (offs_s < num_seq)[:, None, None]
-        state = offs_s[:, None, None] * 32 + entry[None, :, :]
-        seq = offs_s[:, None, None] * (seq_len * 32) + entry[None, :, :]
-        # carry = Gbar_{t+1} dR_{t+1}^H
-        cr = tl.zeros([BLOCK_S, 4, 4], tl.float32)
-        ci = tl.zeros([BLOCK_S, 4, 4], tl.float32)
-        for step in range(seq_len):
-            t = seq_len - 1 - step
-            gr = tl.load(GRAD + seq + t * 32, mask=mask, other=0.0).to(tl.float32) + cr
-            gi = tl.load(GRAD + seq + t * 32 + 16, mask=mask, other=0.0).to(tl.float32) + ci
-            if t > 0:
-                pr = tl.load(OUT + seq + (t - 1) * 32, mask=mask, other=0.0).to(tl.float32)
-                pi = tl.load(OUT + seq + (t - 1) * 32 + 16, mask=mask, other=0.0).to(tl.float32)
-            else:
-                pr = tl.load(INITIAL + state, mask=mask, other=0.0).to(tl.float32)
-                pi = tl.load(INITIAL + state + 16, mask=mask, other=0.0).to(tl.float32)
-            dr, di = _cmul_adjoint_left(pr, pi, gr, gi)
-            tl.store(GRAD_ROTORS + seq + t * 32, dr, mask=mask)
-            tl.store(GRAD_ROTORS + seq + t * 32 + 16, di, mask=mask)
-            rr = tl.load(ROTORS + seq + t * 32, mask=mask, other=0.0).to(tl.float32)
-            ri = tl.load(ROTORS + seq + t * 32 + 16, mask=mask, other=0.0).to(tl.float32)
-            cr, ci = _cmul_adjoint_right(gr, gi, rr, ri)
-        tl.store(GRAD_INITIAL + state, cr, mask=mask)
-        tl.store(GRAD_INITIAL + state + 16, ci, mask=mask)
-
-
-def _scan_block(device: torch.device) -> int:
-    return 16 if device.type != "cuda" else 32
-
-
-class _RotorScanTriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, rotors, initial, renorm_every):  # type: ignore[override]
-        rotors = rotors.contiguous()
-        initial = initial.contiguous()
-        num_seq, length = rotors.shape[:2]
-        out = torch.empty_like(rotors)
-        block = _scan_block(rotors.device)
-        _rotor_scan_fwd_kernel[(triton.cdiv(num_seq, block),)](
-            rotors, initial, out, num_seq, length, max(renorm_every, 1), BLOCK_S=block, RENORM=renorm_every > 0
-        )
-        ctx.save_for_backward(rotors, initial, out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        rotors, initial, out = ctx.saved_tensors
-        num_seq, length = rotors.shape[:2]
-        grad_rotors = torch.empty_like(rotors)
-        grad_initial = torch.empty_like(initial)
-        block = _scan_block(rotors.device)
-        _rotor_scan_bwd_kernel[(triton.cdiv(num_seq, block),)](
-            rotors, initial, out, grad.contiguous(), grad_rotors, grad_initial, num_seq, length, BLOCK_S=block
-        )
-        return grad_rotors, grad_initial, None
-
-
-def rotor_scan_triton(
-    rotors: torch.Tensor, initial: torch.Tensor | None = None, renorm_every: int = RENORM_EVERY
-) -> torch.Tensor:
-    """Triton scan (float32); same result and gradients as `rotor_scan_sequential`."""
-    if not HAS_TRITON:
-        raise RuntimeError("rotor_scan_triton needs `triton`; install it or use rra_kernel='chunked'.")
-    if rotors.dtype != torch.float32:
-        raise ValueError(f"rotor_scan_triton works in float32; got {rotors.dtype}.")
-    if initial is None:
-        initial = identity_rotor(rotors.shape[0], device=rotors.device, dtype=rotors.dtype)
-    return _RotorScanTriton.apply(rotors, initial.to(rotors.dtype), int(renorm_every))
-
-
-def rotor_scan(rotors: torch.Tensor, initial: torch.Tensor | None = None, kernel: str = "auto") -> torch.Tensor:
-    """Prefix products of rotors `[N, L, 2, 4, 4]`; `kernel="auto"` runs Triton on CUDA when importable,
-    else the chunked scan."""
-    if kernel not in RRA_KERNELS:
-        raise ValueError(f"RRA kernel {kernel!r} is unknown; use one of {list(RRA_KERNELS)}.")
+def _resolve_kernel(kernel: str, device: torch.device) -> str:
+    if kernel == "chunked":  # the name before the log-depth scan replaced the chunked one
+        warnings.warn("kernel='chunked' is deprecated; use 'scan' (same function).", DeprecationWarning, stacklevel=3)
+        kernel = "scan"
+    _check_choice("kernel", kernel, ("auto", *RRA_KERNELS))
     if kernel == "auto":
-        kernel = "triton" if HAS_TRITON and rotors.is_cuda else "chunked"
-    if kernel == "triton":
-        return rotor_scan_triton(rotors, initial)
-    if kernel == "sequential":
-        return rotor_scan_sequential(rotors, initial)
-    return rotor_scan_chunked(rotors, initial)
+        return "triton" if HAS_TRITON and device.type == "cuda" else "scan"
+    if kernel == "triton" and not HAS_TRITON:
+        raise ValueError("kernel='triton' needs the `triton` package; install it or use kernel='scan'.")
+    return kernel
+
+
+def _check_inputs(bivectors: torch.Tensor, value: torch.Tensor | None, initial: torch.Tensor | None) -> None:
+    if bivectors.dim() != 4 or bivectors.shape[-1] != len(BIVECTOR_MASKS):
+        raise ValueError(f"bivectors must be [B, L, H, {len(BIVECTOR_MASKS)}]; got {tuple(bivectors.shape)}.")
+    batch, length, heads = bivectors.shape[:3]
+    if value is not None and (value.dim() != 5 or value.shape[:3] != bivectors.shape[:3] or value.shape[-1] != 32):
+        raise ValueError(
+            f"value must be [B, L, H, c, {NUM_BLADES}] with B, L, H of bivectors {tuple(bivectors.shape[:3])}; "
+            f"got {tuple(value.shape)}."
+        )
+    if initial is not None and tuple(initial.shape) != (batch, heads, NUM_BLADES):
+        raise ValueError(
+            f"initial must be the returned state [B, H, {NUM_BLADES}] = {(batch, heads, NUM_BLADES)}; "
+            f"got {tuple(initial.shape)}."
+        )
+
+
+def _identity_state(batch: int, heads: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    state = torch.zeros(batch, heads, NUM_BLADES, device=device, dtype=dtype)
+    state[..., 0] = 1.0
+    return state
+
+
+def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
+    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def recursive_rotor_accumulator(
     bivectors: torch.Tensor,
-    values: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    accumulate: str = "compact",
     initial: torch.Tensor | None = None,
     kernel: str = "auto",
     local_bivectors: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RRA for bivectors `[B, L, H, 10]` and values `[B, L, H, c, 32]`.
+    """RRA for bivectors `[B, L, H, 10]` (`BIVECTOR_MASKS` order) and values `[B, L, H, c, 32]`.
 
-    y_t = T_t v_t ~T_t with T_t = R_t exp(-A_t/2), R_t = R_{t-1} exp(-B_t/2), R_{-1} = `initial` (identity
-    if None) and A_t = `local_bivectors` (a per-token rotor that is not accumulated; omitted if None).
-    Returns `(y [B, L, H, c, 32], final state R_{L-1} [B, H, 2, 4, 4])`. Computed in float32.
+    Returns `(y [B, L, H, c, 32] in value.dtype, state [B, H, 32])`; `initial` is a previous call's state.
+    `local_bivectors` is deprecated: the old split (rotations in `bivectors`, boosts in `local_bivectors`)
+    is `accumulate="compact"` on their sum.
     """
-    batch, length, heads = bivectors.shape[:3]
-    rotors = rotor_exp_matrix(bivectors.float())  # [B, L, H, 2, 4, 4]
-    rotors = rotors.transpose(1, 2).reshape(batch * heads, length, 2, 4, 4)
-    start = None if initial is None else initial.float().reshape(batch * heads, 2, 4, 4)
-    prefix = rotor_scan(rotors, start, kernel=kernel).reshape(batch, heads, length, 2, 4, 4).transpose(1, 2)
-    if length:
-        final = prefix[:, -1]
-    elif initial is not None:
-        final = initial.float()
-    else:
-        final = identity_rotor(batch, heads, device=bivectors.device)
-    transform = prefix
     if local_bivectors is not None:
-        transform = complex_matmul(prefix, rotor_exp_matrix(local_bivectors.float()))
-    # y = T v ~T, per channel
-    shape = (*values.shape[:4], 2, 4, 4)
-    left = transform.unsqueeze(3).expand(shape)
-    right = matrix_reverse(transform).unsqueeze(3).expand(shape)
-    out = from_matrix(complex_matmul(complex_matmul(left, to_matrix(values.float())), right))
-    return out.to(values.dtype), final
+        warnings.warn(
+            "local_bivectors is deprecated: pass all 10 components and accumulate='compact'.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        rotation = torch.zeros(len(BIVECTOR_MASKS), dtype=torch.bool, device=bivectors.device)
+        rotation[list(ROTATION_INDICES)] = True
+        if bivectors[..., ~rotation].any() or local_bivectors[..., rotation].any():
+            raise ValueError("local_bivectors must hold only boosts and bivectors only rotations (compact split).")
+        bivectors, accumulate = bivectors + local_bivectors, "compact"
+    _check_choice("accumulate", accumulate, RRA_ACCUMULATE)
+    _check_inputs(bivectors, value, initial)
+    kernel = _resolve_kernel(kernel, bivectors.device)
+    dtype = _compute_dtype(bivectors, value, initial)
+    if bivectors.shape[1] == 0:  # nothing to accumulate: the state passes through
+        batch, _, heads = bivectors.shape[:3]
+        state = initial.to(dtype) if initial is not None else _identity_state(batch, heads, bivectors.device, dtype)
+        return value.clone(), state
+    with torch.autocast(device_type=bivectors.device.type, enabled=False):
+        out, state = _IMPLEMENTATIONS[kernel](
+            bivectors.to(dtype), value.to(dtype), accumulate, None if initial is None else initial.to(dtype)
+        )
+    return out.to(value.dtype), state
 
 
-__all__ = [
-    "HAS_TRITON",
-    "RRA_KERNELS",
-    "identity_rotor",
-    "recursive_rotor_accumulator",
-    "rotor_scan",
-    "rotor_scan_chunked",
-    "rotor_scan_sequential",
-    "rotor_scan_triton",
-]
+def rotor_trajectory(
+    bivectors: torch.Tensor, *, accumulate: str = "compact", initial: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The accumulated rotor R_t per token as multivector coefficients `[B, L, H, 32]` (for inspection;
+    compact: the rotation part, the boosts are not accumulated)."""
+    _check_choice("accumulate", accumulate, RRA_ACCUMULATE)
+    _check_inputs(bivectors, None, initial)
+    dtype = _compute_dtype(bivectors, initial)
+    if bivectors.shape[1] == 0:
+        return bivectors.new_zeros(*bivectors.shape[:3], NUM_BLADES, dtype=dtype)
+    with torch.autocast(device_type=bivectors.device.type, enabled=False):
+        rotors, _ = accumulated_rotors(
+            bivectors.to(dtype), accumulate, None if initial is None else initial.to(dtype)
+        )  # [4, 4, B, H, L]
+        return from_matrix(from_soa(rotors)).transpose(1, 2)
+
+
+__all__ = ["HAS_TRITON", "RRA_ACCUMULATE", "RRA_KERNELS", "recursive_rotor_accumulator", "rotor_trajectory"]
