@@ -196,8 +196,8 @@ def _checkpoints(output_dir: str) -> list[Path]:
 def prepare_output_dir(training_args: Any, fingerprint: str, overwrite: bool, config_path: str) -> str | None:
     """Check the output folder, choose the checkpoint to resume (or None), then write the run marker.
 
-    A folder holding another run is refused unless `overwrite` (which deletes its checkpoints, so a later
-    `resume last` cannot pick an old run's weights) or a resume of the same run: the marker's `fingerprint`
+    A folder holding another run is refused unless `overwrite` (which deletes its checkpoints and pictures,
+    so a later `resume last` cannot pick an old run's weights) or a resume of the same run: the marker's `fingerprint`
     (`RunConfig.fingerprint`) must match this config's. A folder holding only a marker counts as empty."""
     folder = Path(training_args.output_dir)
     marker = folder / RUN_MARKER
@@ -224,9 +224,10 @@ def prepare_output_dir(training_args: Any, fingerprint: str, overwrite: bool, co
             )
         resume = resolve_resume(training_args)
         if training_args.process_index == 0:
-            if overwrite:
-                for checkpoint in _checkpoints(str(folder)):
-                    shutil.rmtree(checkpoint)
+            if overwrite:  # the old run's checkpoints and pictures must not pass for this run's
+                for stale in [*_checkpoints(str(folder)), folder / "inspection"]:
+                    if stale.is_dir():
+                        shutil.rmtree(stale)
             folder.mkdir(parents=True, exist_ok=True)
             config_name = Path(config_path).name
             marker.write_text(json.dumps({"fingerprint": fingerprint, "config": config_name}) + "\n", encoding="utf-8")
