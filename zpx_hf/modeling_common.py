@@ -78,10 +78,10 @@ def trim_static_cache(
 
 
 class GeometricPreTrainedModel(PreTrainedModel):
-    """Base of every family's `PreTrainedModel`.
+    """Base of every family's `PreTrainedModel`; subclasses set `config_class` and `_no_split_modules`.
 
-    Subclasses set `config_class`, `_no_split_modules` and `remote_code_auto_map` (Auto class name ->
-    "module.Class" of the copied remote-code files).
+    Every family names its classes `<Prefix>Model`, `<Prefix>ForCausalLM` and
+    `<Prefix>ForSequenceClassification` next to `<Prefix>Config`, so the remote-code `auto_map` is derived.
     """
 
     base_model_prefix = "model"
@@ -90,7 +90,6 @@ class GeometricPreTrainedModel(PreTrainedModel):
     # Flash / flex kernels compute plain softmax attention: a different function, so they are refused.
     _supports_flash_attn = False
     _supports_flex_attn = False
-    remote_code_auto_map: dict[str, str] = {}
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
@@ -108,11 +107,23 @@ class GeometricPreTrainedModel(PreTrainedModel):
         2-D padding mask and builds what its mixer needs, so the mask is passed through."""
         return attention_mask
 
+    @classmethod
+    def remote_code_auto_map(cls) -> dict[str, str]:
+        """Auto class name -> "module.Class" in the copied remote-code files, for every Auto class."""
+        config_class = cls.config_class
+        prefix = config_class.__name__.removesuffix("Config")
+        module = cls.__module__.rsplit(".", 1)[-1]
+        return {
+            "AutoConfig": f"{config_class.__module__.rsplit('.', 1)[-1]}.{config_class.__name__}",
+            "AutoModel": f"{module}.{prefix}Model",
+            "AutoModelForCausalLM": f"{module}.{prefix}ForCausalLM",
+            "AutoModelForSequenceClassification": f"{module}.{prefix}ForSequenceClassification",
+        }
+
     def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> Any:
         # HF writes `auto_map` only for the saved class; a checkpoint should open through every Auto
         # class of its family, so the full map is written before saving.
-        if self.remote_code_auto_map:
-            self.config.auto_map = dict(self.remote_code_auto_map)
+        self.config.auto_map = self.remote_code_auto_map()
         return super().save_pretrained(save_directory, *args, **kwargs)
 
 

@@ -192,12 +192,6 @@ class PCTDecoderLayer(GeometricDecoderLayer):
 class PCTPreTrainedModel(GeometricPreTrainedModel):
     config_class = PCTConfig
     _no_split_modules = ["PCTDecoderLayer"]
-    remote_code_auto_map = {
-        "AutoConfig": "configuration_pct.PCTConfig",
-        "AutoModel": "modeling_pct.PCTModel",
-        "AutoModelForCausalLM": "modeling_pct.PCTForCausalLM",
-        "AutoModelForSequenceClassification": "modeling_pct.PCTForSequenceClassification",
-    }
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)

@@ -317,12 +317,6 @@ class VersorPreTrainedModel(GeometricPreTrainedModel):
     config_class = VersorConfig
     _no_split_modules = ["VersorDecoderLayer"]
     _supports_sdpa = True
-    remote_code_auto_map = {
-        "AutoConfig": "configuration_versor.VersorConfig",
-        "AutoModel": "modeling_versor.VersorModel",
-        "AutoModelForCausalLM": "modeling_versor.VersorForCausalLM",
-        "AutoModelForSequenceClassification": "modeling_versor.VersorForSequenceClassification",
-    }
 
     # The rotor state cannot be cropped: generate refuses assisted decoding with its own clear message.
     _is_stateful = True

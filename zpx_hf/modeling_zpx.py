@@ -181,12 +181,6 @@ class ZPXDecoderLayer(GeometricDecoderLayer):
 class ZPXPreTrainedModel(GeometricPreTrainedModel):
     config_class = ZPXConfig
     _no_split_modules = ["ZPXDecoderLayer"]
-    remote_code_auto_map = {
-        "AutoConfig": "configuration_zpx.ZPXConfig",
-        "AutoModel": "modeling_zpx.ZPXModel",
-        "AutoModelForCausalLM": "modeling_zpx.ZPXForCausalLM",
-        "AutoModelForSequenceClassification": "modeling_zpx.ZPXForSequenceClassification",
-    }
 
 
 class ZPXModel(GeometricModel, ZPXPreTrainedModel):
