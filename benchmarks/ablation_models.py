@@ -137,6 +137,8 @@ def match_width(
         return {**baseline_width(hidden), "params": target, "target": target, "matched": True}
     family = family_of(variant)
     granule, ratio = FAMILY_SHAPE[family]
+    if family != "versor":
+        granule = max(granule, 2 * heads)  # an even head dimension for every head (rotary pairs)
     inter_granule = 32 if family == "versor" else 8
     base = max(granule, round(hidden / granule) * granule)
     hiddens = sorted({max(granule, base + k * granule) for k in range(-4, 9)})
@@ -145,8 +147,11 @@ def match_width(
     candidates = []
     for h in hiddens:
         lo, hi = inter_granule, 16 * inter_granule
-        p_lo = count_parameters(build_model(variant, {"hidden": h, "intermediate": lo}, layers, heads, io))
-        p_hi = count_parameters(build_model(variant, {"hidden": h, "intermediate": hi}, layers, heads, io))
+        try:
+            p_lo = count_parameters(build_model(variant, {"hidden": h, "intermediate": lo}, layers, heads, io))
+            p_hi = count_parameters(build_model(variant, {"hidden": h, "intermediate": hi}, layers, heads, io))
+        except ValueError:  # a width the family's config rejects (e.g. head shape): not a candidate
+            continue
         slope = (p_hi - p_lo) / (hi - lo)
         if slope <= 0:
             continue
