@@ -17,7 +17,10 @@ from peft.utils import constants as peft_constants  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 import zpx_hf  # noqa: E402
-import zpx_hf.integration_peft  # noqa: E402, F401  (registers PEFT defaults; zpx_hf imports it when peft is installed)
+
+# only this module imports integration_peft by name: present now means `import zpx_hf` loaded it
+REGISTERED_BY_IMPORT_ZPX_HF = "zpx_hf.integration_peft" in sys.modules
+
 from zpx_hf.clifford_algebra import conformal_algebra, rotor_exp_matrix, sandwich  # noqa: E402
 from zpx_hf.integration_peft import VersorLoraLinear, versor_lora_config  # noqa: E402
 from zpx_hf.modeling_versor import VersorLinear  # noqa: E402
@@ -289,6 +292,10 @@ def test_versor_refuses_prefix_tuning_by_name():
 
 
 # ---------------------------------------------------------------------------------------------- import guard
+
+
+def test_import_zpx_hf_registers_the_peft_integration():
+    assert REGISTERED_BY_IMPORT_ZPX_HF
 
 
 def test_zpx_hf_imports_without_peft():
