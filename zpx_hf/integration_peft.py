@@ -17,9 +17,10 @@ model-type tables:
   tuner registers it on the config while it resolves the model's defaults, so `get_peft_model`,
   `PeftModel.from_pretrained(model, path)` and `PeftModel.load_adapter` need nothing extra. For a
   plain `nn.Module` built from `VersorLinear`, use `versor_lora_config(...)`.
-- Prefix tuning is refused for versor with an error that says why (RRA layers keep a recurrent
-  rotor state, not keys and values) and what to use instead (LoRA or prompt tuning). ZPX and PCT
-  take PEFT's prefix keys as they are (ZPX gives content-only keys zero phase features).
+- Prefix tuning is refused for versor (at the first forward; PEFT has no earlier per-model hook) with
+  an error that says why (RRA layers keep a recurrent rotor state, not keys and values) and what to
+  use instead (LoRA or prompt tuning). ZPX and PCT take PEFT's prefix keys as they are (ZPX gives
+  content-only keys zero phase features).
 """
 
 from __future__ import annotations
@@ -219,9 +220,9 @@ def _wrap_prepare_adapter_config() -> None:
 
 def _refuse_prefix_tuning(past_key_values: Any) -> Any:
     raise ValueError(
-        "Prefix tuning (peft PrefixTuningConfig) does not apply to Versor models: RRA layers keep a recurrent "
-        "rotor state rather than keys and values, so there is no key/value cache to prepend a prefix to. "
-        "Use LoRA (LoraConfig) or prompt tuning (PromptTuningConfig) instead."
+        "Prefix tuning (peft PrefixTuningConfig) does not apply to Versor models: their VersorCache holds the RRA "
+        "layers' recurrent rotor states (no keys or values) and the GPA layers' multivector keys, not the "
+        "per-layer key/value prefix PEFT builds. Use LoRA (LoraConfig) or prompt tuning (PromptTuningConfig) instead."
     )
 
 
