@@ -154,7 +154,7 @@ def claims(
     lines.append(text)
     # Versor: N-body rollout MSE better than a Transformer
     versors = [
-        v for v in ("versor_gpa", "versor_rra", "versor_hybrid") if "position_mse_mean" in by.get((v, "nbody"), {})
+        v for (v, t), row in by.items() if v.startswith("versor_") and t == "nbody" and "position_mse_mean" in row
     ]
     base = by.get(("baseline", "nbody"), {})
     text = "- Versor, N-body rollout MSE below a Transformer's (seed: " + PUBLIC_NBODY + "): "
@@ -166,7 +166,7 @@ def claims(
         mark = verdict(_pair(row, "position_mse"), _pair(base, "position_mse"), False)
         cv = reference["const_velocity_position_mse"] if reference else float("nan")
         numbers = (
-            f"best Versor mixer {best} {format_mean_std(*_pair(row, 'position_mse'), 4)} vs baseline "
+            f"best Versor row {label(best)} {format_mean_std(*_pair(row, 'position_mse'), 4)} vs baseline "
             f"{format_mean_std(*_pair(base, 'position_mse'), 4)} (constant velocity {cv:.4f})"
         )
         if base["position_mse_mean"] >= cv and row["position_mse_mean"] >= cv:

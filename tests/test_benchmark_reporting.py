@@ -250,3 +250,21 @@ def test_task_sequence_lengths_fit_generators():
             assert all(len(r["input_ids"]) == sum(r["attention_mask"]) == length for r in rows), (task, length)
             batch = runs_module.as_batch(rows)
             assert batch["input_ids"].shape == (3, length)
+
+
+def test_versor_claim_uses_the_best_versor_row_and_the_constant_velocity_reference():
+    runs = []
+    for seed, (base, versor) in enumerate([(0.010, 0.004), (0.012, 0.005), (0.011, 0.006)]):
+        runs.append({"variant": "baseline", "task": "nbody", "seed": seed, "position_mse": base, "status": "ok"})
+        runs.append(
+            {"variant": "versor_hybrid@time", "task": "nbody", "seed": seed, "position_mse": versor, "status": "ok"}
+        )
+        runs.append({"variant": "versor_gpa", "task": "nbody", "seed": seed, "position_mse": 0.02, "status": "ok"})
+    by = {(r["variant"], r["task"]): r for r in report.summarise(runs)}
+    line = report.claims(by, SPEC, {"const_velocity_position_mse": 0.05})[3]
+    assert line.endswith(
+        "reproduced: best Versor row Versor hybrid, wall-clock-matched 0.0050 ± 0.0010 vs baseline "
+        "0.0110 ± 0.0010 (constant velocity 0.0500)."
+    )
+    line = report.claims(by, SPEC, {"const_velocity_position_mse": 0.001})[3]
+    assert "undecided: neither model beats constant-velocity extrapolation" in line
