@@ -303,7 +303,7 @@ def circle_figure(data: dict[str, np.ndarray]) -> Any:
     the per-channel centres of mass. Artists: gid "tokens" (points flattened token-major) and "center"."""
     points, center = data["points"], data["center"]
     layers, length, heads, channels = points.shape[:4]
-    fig = _figure(2.6 * heads + 0.9, 2.5 * layers + 1.0)
+    fig = _figure(2.6 * heads + 0.9, 2.8 * layers + 1.0)
     axes = fig.subplots(layers, heads, squeeze=False)
     positions = np.repeat(np.arange(length), channels)
     circle = np.linspace(0, 2 * np.pi, 200)
@@ -363,15 +363,18 @@ def sphere_figure(sphere: np.ndarray) -> Any:
     return fig
 
 
-def map_figure(maps: np.ndarray, labels: Sequence[str], title: str, colour_label: str, vmax: float) -> Any:
-    """Grid layer x head of [L, L] maps (query rows, key columns) on a square-root colour scale (small
-    weights stay visible). Artist: the AxesImage of each panel holds `maps[layer, head]`."""
+def map_figure(
+    maps: np.ndarray, labels: Sequence[str], title: str, colour_label: str, vmax: float | None = None
+) -> Any:
+    """Grid layer x head of [L, L] maps (query rows, key columns) on a square-root colour scale from 0 to
+    `vmax` (default: the largest entry), so small weights stay visible. Artist: each panel's AxesImage holds
+    `maps[layer, head]`."""
     from matplotlib.colors import PowerNorm
 
     layers, heads = maps.shape[:2]
     fig = _figure(2.9 * heads + 0.9, 2.9 * layers + 0.6)
     axes = fig.subplots(layers, heads, squeeze=False)
-    norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=vmax)
+    norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=float(maps.max()) if vmax is None else vmax)
     for layer in range(layers):
         for head in range(heads):
             ax = axes[layer, head]
@@ -510,10 +513,10 @@ def pct_drawings(model: Any, input_ids: torch.Tensor, labels: Sequence[str]) -> 
     with torch.no_grad():
         outputs = model(input_ids=input_ids, output_attentions=True, return_dict=True)
     gates = pct_gate_maps(outputs)
-    title = "PCT gates a_ij = sigmoid(\u03c4 cos(q_i, k_j) + b_h), each in [0, 1]"
+    title = r"PCT gates $a_{ij} = \sigma(\tau \cos(q_i, k_j) + b_h) \in (0, 1)$, colour scale up to the largest gate"
     return [
         ("pct_gates", "PCT sigmoid gates a_ij per layer and head",
-         map_figure(gates["gates"], labels, title, "gate", 1.0)),
+         map_figure(gates["gates"], labels, title, "gate")),
         ("pct_row_sums", "PCT gate row sums per query (softmax would give 1)", row_sum_figure(gates["row_sums"])),
         ("pct_parameters", "PCT learned temperature tau and gate bias b_h per layer and head",
          pct_parameter_figure(pct_parameters(model))),
