@@ -178,7 +178,7 @@ def test_bf16_runs_the_algebra_in_float32(mixed, accumulate):
     assert out.dtype == torch.bfloat16 and state.dtype == torch.float32
     # inputs rounded to bf16 (2^-8 relative) and the output rounded once: a few bf16 ulps of |y|, not drift
     bound = 4 * 2.0**-8 * float(ref_out.detach().abs().max())
-    assert torch.isfinite(out).all() and float((out.float() - ref_out).abs().max()) < bound
+    assert torch.isfinite(out).all() and float((out.float() - ref_out).detach().abs().max()) < bound
     grads = torch.autograd.grad(out.float().sum() + state.sum(), (bivectors, value, initial))
     assert all(torch.isfinite(g).all() for g in grads)
     assert float(rotor_norm_error(to_matrix(state)).max()) < 1e-5

@@ -51,9 +51,39 @@ def from_soa(matrix: torch.Tensor) -> torch.Tensor:
     return torch.stack((matrix.real, matrix.imag)).movedim((0, 1, 2), (-3, -2, -1))
 
 
+def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    # (A B)[i, k] = sum_j A[i, j] B[j, k]: broadcast multiply-adds over the token axes, accumulated in place
+    # (autograd never sees this: `_MatmulSoA` differentiates it)
+    out = a[:, 0, None] * b[None, 0]
+    for j in range(1, a.shape[1]):
+        out.addcmul_(a[:, j, None], b[None, j])
+    return out
+
+
+class _MatmulSoA(torch.autograd.Function):
+    """Matrix products `[n, n, ...]` with token axes last; the backward written out (dA = dC B^H,
+    dB = A^H dC, summed over broadcast axes) costs two products, where autograd's broadcast-multiply backward
+    costs several times the forward."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(a, b)
+        return _product(a, b)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:  # type: ignore[override]
+        a, b = ctx.saved_tensors
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_a = _product(grad, b.conj().transpose(0, 1)).sum_to_size(a.shape)
+        if ctx.needs_input_grad[1]:
+            grad_b = _product(a.conj().transpose(0, 1), grad).sum_to_size(b.shape)
+        return grad_a, grad_b
+
+
 def matmul_soa(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """(A B)[i, k] = sum_j A[i, j] B[j, k] for `[4, 4, ...]` (token axes broadcast)."""
-    return (a.unsqueeze(2) * b.unsqueeze(0)).sum(1)
+    return _MatmulSoA.apply(a, b)
 
 
 def reverse_soa(matrix: torch.Tensor) -> torch.Tensor:
