@@ -8,17 +8,20 @@ Models (vocabulary 260, 4 layers, 4 heads; every model through the public `AutoM
 with `attn_implementation="sdpa"`, each family's fast path, falling back to the class default):
   llama          transformers `LlamaForCausalLM`, hidden 256, intermediate 688: the baseline
   zpx            `ZPXConfig`, same sizes as Llama (8 phase channels, SRPE)
-  pct            `PCTConfig`, parameter-matched to Llama: Llama's intermediate / hidden ratio, widths chosen so
-                 the parameter count is closest to Llama's (a complex weight is 2 parameters, 4 real multiplies)
+  pct            `PCTConfig`, parameter-matched to Llama: real hidden width sqrt(2) x 256 (complex 181 -> 184:
+                 Llama's attention parameters), intermediate width chosen so the total matches Llama's
+                 (a complex weight is 2 parameters but 4 real multiplies)
   versor-rra     `VersorConfig(mixer="rra")`, hidden 256 (8 multivectors), intermediate 512
   versor-gpa     same with `mixer="gpa"`
   versor-hybrid  same with `mixer="hybrid"`
 
 Training step: forward + backward + AdamW at B=4, L=256 and L=1024 (labels = inputs). Generation: greedy
 `generate`, batch 1, a 32-token prompt, exactly 256 new tokens with the KV / recurrent cache; tokens/s =
-256 / time. Each measurement runs in a fresh worker process with 1 torch thread; inside it the models
-take turns (the order alternates every round) so background load hits them alike; each number is the
-median over the rounds after a warm-up round, and ratios to Llama come from the same rounds.
+256 / time. Times are CPU time of the worker process (`time.process_time`; 1 torch thread), so time the
+machine spends on other processes does not count. Each measurement runs in a fresh worker process;
+inside it the models take turns (the order alternates every round) so cache and memory contention hit
+them alike; each number is the median over the rounds after a warm-up round, and ratios to Llama come
+from the same rounds.
 Writes benchmarks/results/bench_step.md and bench_step.csv (not with --quick).
 """
 
@@ -68,28 +71,23 @@ def count_parameters(config: Any) -> int:
 
 
 def matched_pct_config(size: dict, target: int) -> Any:
-    """PCTConfig near Llama's intermediate / hidden aspect ratio with the parameter count closest to `target`:
-    the hidden width (a multiple of 4 x heads, whatever unit the config counts in) from the aspect ratio,
-    then the intermediate width (a multiple of 4) to close the gap."""
+    """PCTConfig with Llama's attention parameters and the total parameter count closest to `target`.
+
+    A complex h x h weight holds 2 h^2 real parameters, so the complex width h = hidden / sqrt(2) (real
+    width sqrt(2) hidden, rounded to a multiple of 4 x heads) gives the attention block Llama's 4 hidden^2;
+    the intermediate width (a multiple of 4) then closes the gap in the total.
+    """
     from zpx_hf import PCTConfig
 
     common = dict(vocab_size=VOCAB, num_hidden_layers=size["layers"], num_attention_heads=size["heads"])
     common["max_position_embeddings"] = 4096
     step = 4 * size["heads"]
-    ratio = size["intermediate"] / size["hidden"]
-    candidates = []
-    for hidden in range(step, 2 * size["hidden"] + 1, step):
-        intermediate = max(4, round(hidden * ratio / 4) * 4)
-        config = PCTConfig(hidden_size=hidden, intermediate_size=intermediate, **common)
-        candidates.append((abs(count_parameters(config) - target), config))
-        if count_parameters(config) > target:
-            break
-    config = min(candidates, key=lambda c: c[0])[1]
-    # then the intermediate width (parameters are linear in it) to close the remaining gap
-    hidden, intermediate = config.hidden_size, config.intermediate_size
+    hidden = round(size["hidden"] * 2**0.5 / step) * step  # real features [re | im]
+    intermediate = round(size["intermediate"] * 2**0.5 / 4) * 4
+    config = PCTConfig(hidden_size=hidden, intermediate_size=intermediate, **common)
     wider = PCTConfig(hidden_size=hidden, intermediate_size=intermediate + 4, **common)
     per_step = count_parameters(wider) - count_parameters(config)
-    intermediate += 4 * round((target - count_parameters(config)) / per_step)
+    intermediate += 4 * round((target - count_parameters(config)) / per_step)  # parameters are linear in it
     return PCTConfig(hidden_size=hidden, intermediate_size=max(4, intermediate), **common)
 
 
@@ -151,14 +149,14 @@ def interleaved(run: dict, rounds: int) -> tuple[dict, dict]:
         for name in names if index % 2 == 0 else names[::-1]:
             if name in errors:
                 continue
-            start = time.perf_counter()
+            start = time.process_time()  # CPU time of this process: other processes' load does not count
             try:
                 run[name]()
             except Exception as error:  # noqa: BLE001
                 errors[name] = f"{type(error).__name__}: {error}"[:200]
                 continue
             if index > 0:
-                times[name].append(time.perf_counter() - start)
+                times[name].append(time.process_time() - start)
     return times, errors
 
 
@@ -227,7 +225,8 @@ def generate_worker(names: list[str], size: dict) -> dict:
 def report(results: dict, names: list[str], size: dict, command: str, seconds: float) -> tuple[list[str], list[dict]]:
     """Markdown lines and CSV rows: each measurement with its ratio to Llama from the same worker."""
     header = (
-        f"Training step and generation vs `LlamaForCausalLM` (CPU, 1 thread; `{command}`; {seconds / 60:.1f} min). "
+        f"Training step and generation vs `LlamaForCausalLM` (CPU time, 1 thread; `{command}`; "
+        f"{seconds / 60:.1f} min wall). "
         f"Vocabulary {VOCAB}, {size['layers']} layers, {size['heads']} heads; Llama/ZPX hidden {size['hidden']}, "
         f"intermediate {size['intermediate']}; PCT parameter-matched to Llama; Versor hidden {size['hidden']}. "
         f"Medians over {size['train_rounds'] - 1} (training) / {size['generate_rounds'] - 1} (generation) "

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from zpx_hf import ops_pct_tiled
-from zpx_hf.modeling_complex import ComplexLinear
+from zpx_hf.modeling_complex import BLOCK_GEMM_MIN_TOKENS, ComplexLinear
 from zpx_hf.ops_pct import HAS_TRITON, PCT_KERNELS, pct_attention, pct_attention_weights, resolve_kernel
 from zpx_hf.ops_pct_naive import pct_attention_naive
 from zpx_hf.ops_pct_tiled import pct_attention_tiled
@@ -256,6 +256,15 @@ def complex_linear_formula(linear, z):
     return torch.cat((out.real, out.imag), dim=-1)
 
 
+def block_path_only(linear, z):
+    """linear(z) with the sub-module path shadowed by None, so taking it raises."""
+    linear.forward_submodules = None
+    try:
+        return linear(z)
+    finally:
+        del linear.forward_submodules
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_complex_linear_one_gemm_equals_two_gemm_float64(bias):
     torch.manual_seed(0)
@@ -263,15 +272,18 @@ def test_complex_linear_one_gemm_equals_two_gemm_float64(bias):
     if bias:
         torch.nn.init.normal_(linear.real.bias)
         torch.nn.init.normal_(linear.imag.bias)
-    z = torch.randn(3, 4, 12, dtype=torch.float64)
-    grad = torch.randn(3, 4, 10, dtype=torch.float64)
+    tokens = BLOCK_GEMM_MIN_TOKENS  # enough rows for the block GEMM
+    z = torch.randn(2, tokens // 2 + 1, 12, dtype=torch.float64)
+    grad = torch.randn(2, tokens // 2 + 1, 10, dtype=torch.float64)
     results = []
-    for fn in (linear, linear.forward_submodules):
+    for fn in (lambda z: block_path_only(linear, z), linear.forward_submodules):
         out = fn(z)
         results.append([out] + list(torch.autograd.grad((out * grad).sum(), list(linear.parameters()))))
     for one, two in zip(*results):
         torch.testing.assert_close(one, two, rtol=0, atol=1e-13)
     torch.testing.assert_close(results[0][0], complex_linear_formula(linear, z), rtol=0, atol=1e-13)
+    few = z[:1, :3]  # a decoding step takes the sub-module path: the same map
+    torch.testing.assert_close(linear(few), complex_linear_formula(linear, few), rtol=0, atol=1e-13)
 
 
 def test_complex_linear_under_peft_lora_calls_the_adapters():
@@ -288,7 +300,7 @@ def test_complex_linear_under_peft_lora_calls_the_adapters():
             return self.second(self.first(z))
 
     base = Stack().double()
-    z = torch.randn(5, 12, dtype=torch.float64)
+    z = torch.randn(BLOCK_GEMM_MIN_TOKENS + 5, 12, dtype=torch.float64)
     before = base(z)
     config = peft.LoraConfig(r=2, lora_alpha=4, target_modules=["real", "imag"], init_lora_weights=False)
     model = peft.get_peft_model(base, config)
@@ -298,6 +310,7 @@ def test_complex_linear_under_peft_lora_calls_the_adapters():
     merged = model.merge_and_unload()
     assert type(merged.first.real) is torch.nn.Linear  # plain again: the one-GEMM path
     torch.testing.assert_close(merged(z), adapted, rtol=0, atol=1e-12)
+    torch.testing.assert_close(block_path_only(merged.first, z), merged.first.forward_submodules(z), rtol=0, atol=1e-12)
     torch.testing.assert_close(merged.first(z), complex_linear_formula(merged.first, z), rtol=0, atol=1e-12)
 
 

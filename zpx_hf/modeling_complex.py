@@ -52,6 +52,9 @@ def complex_rotate(z: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     return (pairs * cos + pairs.flip(-2) * signed_sin).flatten(-2)
 
 
+BLOCK_GEMM_MIN_TOKENS = 64  # with gradients, fewer rows: two GEMMs on A, B beat building [[A, -B], [B, A]]
+
+
 class ComplexLinear(nn.Module):
     """Complex affine map W z + c with W = A + iB.
 
@@ -59,6 +62,12 @@ class ComplexLinear(nn.Module):
     weight [[A, -B], [B, A]]. `real` holds A, `imag` holds B (plain `nn.Linear`s, so checkpoints and
     PEFT target names stay `real` / `imag`). With `bias=True` the complex bias is c = (a - b) + i(a + b)
     for the sub-modules' real biases a, b (a bijective parameterisation of C^n).
+
+    With gradients on, the block weight is built per call (autograd sums its four blocks back into A and
+    B); below `BLOCK_GEMM_MIN_TOKENS` input rows that costs more than the GEMM, so two GEMMs on A and B
+    run instead. With gradients off (generation) the block weight is kept and reused until A, B or the
+    biases change (in-place updates or new tensors), so a decoding step is one GEMM; that copy doubles
+    these layers' weight memory while in use.
 
     When a sub-module is no longer a plain hook-free `nn.Linear` (a PEFT/LoRA layer, a parametrisation,
     an FSDP unit, a hook), the forward calls the sub-modules instead, each applied once to the stacked
@@ -71,21 +80,34 @@ class ComplexLinear(nn.Module):
         self.out_features = out_features
         self.real = nn.Linear(in_features, out_features, bias=bias)
         self.imag = nn.Linear(in_features, out_features, bias=bias)
+        self._inference_block = None  # (key, weight, bias) of the last no-grad block weight
 
     def _plain_linears(self) -> bool:
         return all(
             type(m) is nn.Linear and not (m._forward_hooks or m._forward_pre_hooks) for m in (self.real, self.imag)
         )
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        if not self._plain_linears():
-            return self.forward_submodules(z)
+    def _build_block(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         a, b = self.real.weight, self.imag.weight
         weight = torch.cat((torch.cat((a, -b), dim=1), torch.cat((b, a), dim=1)))  # [[A, -B], [B, A]]
         bias = None
         if self.real.bias is not None:
             bias = torch.cat((self.real.bias - self.imag.bias, self.real.bias + self.imag.bias))
-        return F.linear(z, weight, bias)
+        return weight, bias
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        if not self._plain_linears():
+            return self.forward_submodules(z)
+        params = [p for p in (self.real.weight, self.imag.weight, self.real.bias, self.imag.bias) if p is not None]
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            if z.numel() < BLOCK_GEMM_MIN_TOKENS * z.shape[-1]:
+                return self.forward_submodules(z)
+            return F.linear(z, *self._build_block())
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        if self._inference_block is None or self._inference_block[0] != key:
+            with torch.no_grad():
+                self._inference_block = (key, *self._build_block())
+        return F.linear(z, *self._inference_block[1:])
 
     def forward_submodules(self, z: torch.Tensor) -> torch.Tensor:
         """The same map through the sub-modules' own forwards (two GEMMs): what adapters and hooks see."""
@@ -124,7 +146,7 @@ class ComplexRMSNorm(nn.Module):
         z = upcast(z)
         variance = 2 * z.square().mean(-1, keepdim=True)  # mean_m |z_m|^2 over n = 2 x mean over the 2n parts
         z = z * torch.rsqrt(variance + self.variance_epsilon)
-        return (self.weight.to(z.dtype).repeat(2) * z).to(input_dtype)
+        return (complex_pairs(z) * self.weight.to(z.dtype)).flatten(-2).to(input_dtype)  # same gain on re, im
 
     def extra_repr(self) -> str:
         return f"complex_dim={self.weight.shape[0]}, eps={self.variance_epsilon}"

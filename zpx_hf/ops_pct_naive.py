@@ -17,11 +17,26 @@ inputs change only the rounding of q, k, v, never the gate arithmetic. Memory O(
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+
+
+def autocast_off(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Autocast disabled on `tensor`'s device (a no-op context when it is off already)."""
+    if torch.is_autocast_enabled(tensor.device.type):
+        return torch.autocast(tensor.device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def per_head(value: torch.Tensor | float, name: str, num_heads: int, device: torch.device) -> torch.Tensor:
     """`tau` or `bias` as a vector [H] of at least float32 precision (a scalar is broadcast to every head)."""
+    if (
+        isinstance(value, torch.Tensor)
+        and value.shape == (num_heads,)
+        and value.dtype in (torch.float32, torch.float64)
+    ):
+        return value if value.device == device else value.to(device)  # the common case (a parameter)
     value = torch.as_tensor(value, device=device)
     if not (value.is_floating_point() or value.dtype in (torch.int32, torch.int64)):
         raise ValueError(f"`{name}` must be a real number or a float tensor [H]; got dtype {value.dtype}.")
@@ -96,7 +111,7 @@ def gates(
 ) -> torch.Tensor:
     """a_ij = sigmoid(tau_h q_i.k_j + b_h) on visible pairs, exactly 0 elsewhere; [B, H, Lq, Lk], >= float32."""
     acc = torch.promote_types(query.dtype, torch.float32)
-    with torch.autocast(query.device.type, enabled=False):
+    with autocast_off(query):
         raw = query.to(acc) @ key.to(acc).transpose(-1, -2)
         gate = torch.sigmoid(tau.to(acc)[:, None, None] * raw + bias.to(acc)[:, None, None])
     mask = visibility(query.shape[2], key.shape[2], causal, key_padding_mask, query.device)
@@ -116,8 +131,8 @@ def pct_attention_naive(
     """out_i = sum_j sigmoid(tau q_i.k_j + b) v_j over visible pairs, materialising every gate (module doc)."""
     tau, bias, key_padding_mask = prepare_inputs(query, key, value, tau, bias, key_padding_mask)
     gate = gates(query, key, tau, bias, causal, key_padding_mask)
-    with torch.autocast(query.device.type, enabled=False):
+    with autocast_off(query):
         return (gate @ value.to(gate.dtype)).to(query.dtype)
 
 
-__all__ = ["gates", "pct_attention_naive", "per_head", "prepare_inputs", "visibility"]
+__all__ = ["autocast_off", "gates", "pct_attention_naive", "per_head", "prepare_inputs", "visibility"]

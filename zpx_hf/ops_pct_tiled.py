@@ -3,7 +3,8 @@
 Same function as `ops_pct_naive.pct_attention_naive`. Queries are processed in panels of
 `PANEL_ROWS` rows against only the keys a panel can see (causal: the prefix up to its last row),
 so no pass holds more than B x H x PANEL_ROWS x Lk gates; the backward recomputes each panel's
-gates instead of storing them. Per panel, with q' = tau q (tau folded into the query):
+gates instead of storing them. Without gradients (generation) the forward runs without autograd
+state. Per panel, with q' = tau q (tau folded into the query):
 
     forward    s = b + q' K^T  (bias as the GEMM's initial value),  a = sigmoid(s) masked,  out = a V
     backward   dP = dO V^T,  ds = dP a (1 - a),  dv += a^T dO,  dk += ds^T q',  g = ds K,
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops_pct_naive import prepare_inputs
+from .ops_pct_naive import autocast_off, prepare_inputs
 
 PANEL_ROWS = 128  # query rows per panel; read at call time
 
@@ -30,37 +31,50 @@ def _panels(l_q: int, l_k: int, causal: bool, rows: int):
         yield start, end, min(l_k, end + offset) if causal else l_k
 
 
-def _panel_gates(q_scaled, key, bias_bh, start, end, keys, offset, causal, key_padding_mask) -> torch.Tensor:
-    """a = sigmoid(b + q'_[start:end] K_[:keys]^T), invisible pairs exactly 0; [B*H, rows, keys]."""
-    gate = torch.baddbmm(bias_bh, q_scaled[:, start:end], key[:, :keys].transpose(1, 2)).sigmoid_()
+def _mask_panel(gate, start, end, keys, offset, causal, key_padding_mask) -> torch.Tensor:
+    """Zero the invisible pairs of a panel's gates [..., rows, keys] in place (leading dims batch-major)."""
     width = keys - (start + offset)  # keys [start + offset, keys): row r (from start) sees the first r + 1
     if causal and width > 1:
         hidden = torch.ones(end - start, width, dtype=torch.bool, device=gate.device).triu_(1)
-        gate[:, :, start + offset : keys].masked_fill_(hidden, 0.0)
-    if key_padding_mask is not None:  # rows are batch-major: [B, H * rows, keys] lines up with [B, 1, keys]
+        gate[..., start + offset : keys].masked_fill_(hidden, 0.0)
+    if key_padding_mask is not None:  # [B, H * rows, keys] lines up with [B, 1, keys]
         gate.view(key_padding_mask.shape[0], -1, keys).masked_fill_(~key_padding_mask[:, None, :keys], 0.0)
     return gate
+
+
+def _panel_gates(q_scaled, key, bias_bh, start, end, keys, offset, causal, key_padding_mask) -> torch.Tensor:
+    """a = sigmoid(b + q'_[start:end] K_[:keys]^T), invisible pairs exactly 0; [B*H, rows, keys]."""
+    gate = torch.baddbmm(bias_bh, q_scaled[:, start:end], key[:, :keys].transpose(1, 2)).sigmoid_()
+    return _mask_panel(gate, start, end, keys, offset, causal, key_padding_mask)
+
+
+def _forward(query, key, value, tau, bias, key_padding_mask, causal) -> torch.Tensor:
+    """out [B, H, Lq, D] panel by panel (no autograd state: the autograd forward and generation's path)."""
+    batch, heads, l_q, dim = query.shape
+    l_k = key.shape[2]
+    acc = torch.promote_types(query.dtype, torch.float32)
+    with autocast_off(query):
+        tau_bh = tau.to(acc).repeat(batch)[:, None, None]  # [B*H, 1, 1]
+        bias_bh = bias.to(acc).repeat(batch)[:, None, None]
+        q_scaled = query.to(acc).reshape(batch * heads, l_q, dim) * tau_bh
+        k = key.to(acc).reshape(batch * heads, l_k, dim)
+        v = value.to(acc).reshape(batch * heads, l_k, dim)
+        panels = [
+            torch.bmm(
+                _panel_gates(q_scaled, k, bias_bh, start, end, keys, l_k - l_q, causal, key_padding_mask), v[:, :keys]
+            )
+            for start, end, keys in _panels(l_q, l_k, causal, PANEL_ROWS)
+        ]
+        out = panels[0] if len(panels) == 1 else torch.cat(panels, dim=1)
+    return out.view(batch, heads, l_q, dim).to(query.dtype)
 
 
 class _PCTAttentionTiled(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, tau, bias, key_padding_mask, causal):
-        batch, heads, l_q, dim = query.shape
-        l_k = key.shape[2]
-        acc = torch.promote_types(query.dtype, torch.float32)
-        with torch.autocast(query.device.type, enabled=False):
-            tau_bh = tau.to(acc).repeat(batch)[:, None, None]  # [B*H, 1, 1]
-            bias_bh = bias.to(acc).repeat(batch)[:, None, None]
-            q_scaled = query.to(acc).reshape(batch * heads, l_q, dim) * tau_bh
-            k = key.to(acc).reshape(batch * heads, l_k, dim)
-            v = value.to(acc).reshape(batch * heads, l_k, dim)
-            out = q_scaled.new_empty(batch * heads, l_q, dim)
-            for start, end, keys in _panels(l_q, l_k, causal, PANEL_ROWS):
-                gate = _panel_gates(q_scaled, k, bias_bh, start, end, keys, l_k - l_q, causal, key_padding_mask)
-                torch.bmm(gate, v[:, :keys], out=out[:, start:end])
         ctx.save_for_backward(query, key, value, tau, bias, key_padding_mask)
         ctx.causal = causal
-        return out.view(batch, heads, l_q, dim).to(query.dtype)
+        return _forward(query, key, value, tau, bias, key_padding_mask, causal)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -68,7 +82,7 @@ class _PCTAttentionTiled(torch.autograd.Function):
         batch, heads, l_q, dim = query.shape
         l_k = key.shape[2]
         acc = torch.promote_types(query.dtype, torch.float32)
-        with torch.autocast(query.device.type, enabled=False):
+        with autocast_off(query):
             tau_bh = tau.to(acc).repeat(batch)[:, None, None]
             bias_bh = bias.to(acc).repeat(batch)[:, None, None]
             q = query.to(acc).reshape(batch * heads, l_q, dim)
@@ -114,7 +128,9 @@ def pct_attention_tiled(
 ) -> torch.Tensor:
     """PCT sigmoid attention in query panels with a recomputing backward (module doc); any device and dtype."""
     tau, bias, key_padding_mask = prepare_inputs(query, key, value, tau, bias, key_padding_mask)
-    return _PCTAttentionTiled.apply(query, key, value, tau, bias, key_padding_mask, bool(causal))
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, tau, bias)):
+        return _PCTAttentionTiled.apply(query, key, value, tau, bias, key_padding_mask, bool(causal))
+    return _forward(query, key, value, tau, bias, key_padding_mask, bool(causal))
 
 
 __all__ = ["PANEL_ROWS", "pct_attention_tiled"]
