@@ -321,3 +321,19 @@ def test_complex_linear_hooks_on_sub_modules_see_the_inputs():
     z = torch.randn(2, 8)
     torch.testing.assert_close(linear(z), linear.forward_submodules(z))
     assert seen and seen[0] == (2, 2, 4)  # the stacked (x, y)
+
+
+def test_complex_linear_inference_block_follows_weight_changes():
+    """Without gradients the block weight is reused; in-place updates and new tensors must show."""
+    torch.manual_seed(0)
+    linear = ComplexLinear(4, 3, bias=True).double()
+    z = torch.randn(2, 8, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(linear(z), complex_linear_formula(linear, z), rtol=0, atol=1e-13)
+        linear.imag.weight.add_(1.0)  # as an optimizer step does
+        linear.real.bias.mul_(-2.0)
+        torch.testing.assert_close(linear(z), complex_linear_formula(linear, z), rtol=0, atol=1e-13)
+        linear.real.weight = torch.nn.Parameter(torch.randn(3, 4, dtype=torch.float64))
+        torch.testing.assert_close(linear(z), complex_linear_formula(linear, z), rtol=0, atol=1e-13)
+        linear.float()
+        torch.testing.assert_close(linear(z.float()).double(), complex_linear_formula(linear, z), rtol=0, atol=1e-5)

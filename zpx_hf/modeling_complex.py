@@ -165,8 +165,8 @@ class ModReLU(nn.Module):
         self.eps = eps
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        magnitude = torch.sqrt(complex_abs2(upcast(z)) + self.eps)
-        scale = torch.relu(magnitude + upcast(self.bias)) / magnitude
+        inverse = torch.rsqrt(complex_abs2(upcast(z)) + self.eps)  # 1 / |z|
+        scale = (inverse * upcast(self.bias)).add_(1.0).relu_()  # relu(|z| + b) / |z| = relu(1 + b / |z|)
         return (complex_pairs(z) * scale.unsqueeze(-2).to(z.dtype)).flatten(-2)
 
     def extra_repr(self) -> str:
