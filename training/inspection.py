@@ -322,9 +322,10 @@ def circle_figure(data: dict[str, np.ndarray]) -> Any:
             ax.set_aspect("equal")
             mean_norm = float(np.linalg.norm(center[layer, head], axis=-1).mean())
             ax.set_title(f"layer {layer} head {head}\nmean |centre| = {mean_norm:.2f}")
-            ax.set_xlabel(r"$r\cos\varphi$")
-            ax.set_ylabel(r"$r\sin\varphi$")
-            ax.label_outer()
+            if layer == layers - 1:  # every panel keeps its tick labels: the scales differ
+                ax.set_xlabel(r"$r\cos\varphi$")
+            if head == 0:
+                ax.set_ylabel(r"$r\sin\varphi$")
     fig.colorbar(tokens, ax=axes, shrink=0.6, label="token position")
     handles, names = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, names, loc="outside lower center", ncol=3)
