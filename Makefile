@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # A CPU build of torch; override with TORCH_SPEC=torch for your platform's default build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup main test lint bench
+.PHONY: setup main test test-hf lint bench
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,22 @@ main: setup
 
 test: setup
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -ra
+
+# transformers' own common model tests (ModelTesterMixin, ConfigTester) against every family: they ship
+# in the source distribution of the installed transformers, fetched once into $(HF_TESTS) (ignored by git).
+HF_TESTS := .hf-tests
+HF_VERSION = $(shell $(PY) -c "import transformers; print(transformers.__version__)")
+
+$(HF_TESTS)/transformers-%/tests/__init__.py:
+	mkdir -p $(HF_TESTS)
+	$(PY) -m pip download -q --no-binary :all: --no-deps "transformers==$*" -d $(HF_TESTS)
+	tar -xzf $(HF_TESTS)/transformers-$*.tar.gz -C $(HF_TESTS) "transformers-$*/tests"
+	touch $@  # the sdist omits the package marker its tests' relative imports need
+
+test-hf: setup
+	$(MAKE) $(HF_TESTS)/transformers-$(HF_VERSION)/tests/__init__.py
+	$(PY) -c "import parameterized" 2>/dev/null || $(PY) -m pip install -q parameterized  # used by those tests
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -ra tests/test_hf_common.py
 
 lint: setup
 	$(PY) -m ruff check zpx_hf training tests benchmarks
