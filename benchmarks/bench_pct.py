@@ -10,8 +10,9 @@ through `zpx_hf.ops_pct.pct_attention(..., kernel=...)`:
 * `sdpa-softmax`  `torch.nn.functional.scaled_dot_product_attention` at the same real head dim 2d
                   (the softmax baseline; not the same function, only the same shapes)
 
-Time: one worker per length runs every method in interleaved rounds (fair under background load) and
-reports medians over the rounds after a warm-up, and each method's ratio to SDPA from the same rounds.
+Time: one worker per length runs every method in interleaved rounds and reports medians over the rounds
+after a warm-up, and each method's ratio to SDPA from the same rounds; on CPU the time is the worker's CPU
+time (`time.process_time`), so load from other processes does not count.
 Peak memory: a fresh worker per (method, length), the growth of peak RSS over the RSS just before the
 first call (CPU) or `torch.cuda.max_memory_allocated` above the inputs (CUDA). CPU workers use
 `--threads` (default 1).
@@ -97,6 +98,7 @@ def time_worker(
     if device == "cpu":
         torch.set_num_threads(threads)
     steps = {m: make_op(m, length, device, dtype_name, heads, complex_dim) for m in methods}
+    clock = time.process_time if device == "cpu" else time.perf_counter  # CPU: other processes do not count
     times: dict[str, list[float]] = {m: [] for m in methods}
     rounds = 7 if device == "cpu" else 11
     for round_index in range(rounds):
@@ -104,12 +106,12 @@ def time_worker(
         for method in order:
             if device == "cuda":
                 torch.cuda.synchronize()
-            start = time.perf_counter()
+            start = clock()
             steps[method]()
             if device == "cuda":
                 torch.cuda.synchronize()
             if round_index > 0:
-                times[method].append(time.perf_counter() - start)
+                times[method].append(clock() - start)
     ms = {m: statistics.median(t) * 1e3 for m, t in times.items()}
     base = ms.get("sdpa-softmax")
     return {m: {"ms": ms[m], "ratio": ms[m] / base if base else float("nan")} for m in methods}
@@ -150,8 +152,9 @@ def run_device(device: str, lengths: list[int], dtypes: list[str], methods: list
             f"PCT attention, forward + backward, B=1, H={args.heads}, complex d={args.complex_dim} "
             f"(real {2 * args.complex_dim}), causal, {dtype}, device={device}"
             + (f", {args.threads} CPU thread(s)" if device == "cpu" else "")
-            + f"; `{args.command}`. Time: median over interleaved rounds in one process, ratio to SDPA from "
-            "the same rounds; peak memory: a fresh process per point."
+            + f"; `{args.command}`. Time: median over interleaved rounds in one process"
+            + (" (CPU time)" if device == "cpu" else "")
+            + ", ratio to SDPA from the same rounds; peak memory: a fresh process per point."
         )
         lines += table(rows, lengths, methods, title) + [""]
     return lines
