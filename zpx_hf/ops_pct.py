@@ -25,8 +25,6 @@ from .ops_pct_triton import HAS_TRITON, KERNEL_DTYPES, pct_attention_triton
 PCT_KERNELS = ("naive", "tiled", "triton")
 
 _IMPLEMENTATIONS = {"naive": pct_attention_naive, "tiled": pct_attention_tiled, "triton": pct_attention_triton}
-# Transitional: the names `modeling_pct.py` passes as `implementation=` until it calls `kernel=`.
-_LEGACY_NAMES = {"auto": "auto", "reference": "tiled", "triton": "triton"}
 
 
 def resolve_kernel(kernel: str, query: torch.Tensor) -> str:
@@ -50,20 +48,12 @@ def pct_attention(
     causal: bool = True,
     key_padding_mask: torch.Tensor | None = None,
     kernel: str = "auto",
-    implementation: str | None = None,
 ) -> torch.Tensor:
     """PCT sigmoid attention (module doc) by `kernel` ("auto" or one of `PCT_KERNELS`).
 
     query [B, H, Lq, 2d], key/value [B, H, Lk, 2d] with Lq <= Lk (query i sits at position Lk - Lq + i);
     tau and bias [H] or scalars; key_padding_mask [B, Lk] bool (True = real token) or None.
-    `implementation` is the transitional old spelling ("auto", "reference" = "tiled", "triton").
     """
-    if implementation is not None:
-        if implementation not in _LEGACY_NAMES:
-            raise ValueError(
-                f"`attention_kernel`={implementation!r} is invalid: expected one of {list(_LEGACY_NAMES)}."
-            )
-        kernel = _LEGACY_NAMES[implementation]
     fn = _IMPLEMENTATIONS[resolve_kernel(kernel, query)]
     return fn(query, key, value, tau, bias, causal=causal, key_padding_mask=key_padding_mask)
 
@@ -73,14 +63,11 @@ def pct_attention_weights(
     key: torch.Tensor,
     tau: torch.Tensor | float,
     bias: torch.Tensor | float,
-    key_padding_mask: torch.Tensor | None = None,
     *,
     causal: bool = True,
+    key_padding_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The gates a_ij [B, H, Lq, Lk] (exactly 0 where masked), float32 at least: for `output_attentions`.
-
-    `key_padding_mask` also goes by keyword (positional only for the transitional model call).
-    """
+    """The gates a_ij [B, H, Lq, Lk] (exactly 0 where masked), float32 at least: for `output_attentions`."""
     tau, bias, key_padding_mask = prepare_inputs(query, key, None, tau, bias, key_padding_mask)
     return gates(query, key, tau, bias, causal, key_padding_mask)
 
