@@ -28,13 +28,14 @@ of commuting arguments multiply to exp(0) = 1.
 
 from __future__ import annotations
 
-from functools import cache
-
 import torch
 
 # Tables are built on the CPU explicitly: the first use may happen under a `torch.device("meta")` context
 # (HF builds models on the meta device in `from_pretrained`), and cached tables must hold real values.
 _CPU = torch.device("cpu")
+# Constant tables are built once, when this module is imported, and the getters return them: under
+# `torch.compile` a getter then reads a module constant, where tracing how a table is built would break the
+# graph on its host reads (`nonzero`, `.tolist()`, `float(tensor)`).
 
 # --------------------------------------------------------------------------------------------------
 # Tables from bitmasks
@@ -116,10 +117,13 @@ class CliffordAlgebra:
     def table(self, name: str, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A per-blade table (`grades`, `grade_onehot`, `reverse_signs`, ...) on `device`, cached."""
         key = (name, device, dtype)
-        if key not in self._cache:
-            value = getattr(self, name)
-            self._cache[key] = value.to(device=device, dtype=dtype or value.dtype)
-        return self._cache[key]
+        if key in self._cache:
+            return self._cache[key]
+        value = getattr(self, name)
+        value = value.to(device=device, dtype=dtype or value.dtype)
+        if not torch.compiler.is_compiling():  # a compiled graph converts in place; eager runs keep the copy
+            self._cache[key] = value
+        return value
 
     def _signed_table(self, kind: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         key = (kind, device, dtype)
@@ -187,10 +191,12 @@ class CliffordAlgebra:
         return torch.stack(rows_index), torch.stack(rows_sign)
 
 
-@cache
+_CONFORMAL_ALGEBRA = CliffordAlgebra(4, 1, 0)
+
+
 def conformal_algebra() -> CliffordAlgebra:
     """Cl(4,1), the conformal geometric algebra used by Versor."""
-    return CliffordAlgebra(4, 1, 0)
+    return _CONFORMAL_ALGEBRA
 
 
 # Blade masks of the 10 bivectors of Cl(4,1), in mask order; the 6 with e5 absent square to -1
@@ -205,9 +211,7 @@ NUM_GRADES = 6
 # --------------------------------------------------------------------------------------------------
 
 
-@cache
-def _matrix_basis() -> torch.Tensor:
-    """E_A for every mask A as real/imag parts: float64 `[32, 2, 4, 4]`."""
+def _build_matrix_basis() -> torch.Tensor:
     one = torch.eye(2, dtype=torch.complex128, device=_CPU)
     sx = torch.tensor([[0, 1], [1, 0]], dtype=torch.complex128, device=_CPU)
     sy = torch.tensor([[0, -1j], [1j, 0]], dtype=torch.complex128, device=_CPU)
@@ -230,8 +234,21 @@ def _matrix_basis() -> torch.Tensor:
     return torch.stack((basis.real, basis.imag), dim=1)
 
 
+_MATRIX_BASIS = _build_matrix_basis()
+
+
+def _matrix_basis() -> torch.Tensor:
+    """E_A for every mask A as real/imag parts: float64 `[32, 2, 4, 4]`."""
+    return _MATRIX_BASIS
+
+
 def _basis(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return _matrix_basis().to(device=device, dtype=dtype)
+
+
+def matrix_basis(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """E_A for every blade A as real/imag parts `[32, 2, 4, 4]` on `device` in `dtype`."""
+    return _basis(device, dtype)
 
 
 def complex_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -256,8 +273,7 @@ def matrix_geometric_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return from_matrix(complex_matmul(to_matrix(a), to_matrix(b)))
 
 
-@cache
-def _reverse_signs_matrix() -> torch.Tensor:
+def _build_reverse_signs_matrix() -> torch.Tensor:
     # ~M = C M^T C^-1 with C = E_{e2 e4}: transposition fixes e1, e3, e5 and negates e2, e4 (sy^T = -sy);
     # conjugation by e2 e4 negates exactly e2 and e4 back, so the composite fixes every generator and
     # reverses products: it is the reversion anti-automorphism. C is a signed anti-diagonal
@@ -268,10 +284,21 @@ def _reverse_signs_matrix() -> torch.Tensor:
     return -c[:, None] * c.flip(0)[None, :]
 
 
+_REVERSE_SIGNS_MATRIX = _build_reverse_signs_matrix()
+
+
+def _reverse_signs_matrix() -> torch.Tensor:
+    return _REVERSE_SIGNS_MATRIX
+
+
+def reverse_signs_matrix(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The signs S of ~M[i, j] = S[i, j] M[3 - j, 3 - i], `[4, 4]`."""
+    return _reverse_signs_matrix().to(device=device, dtype=dtype)
+
+
 def matrix_reverse(m: torch.Tensor) -> torch.Tensor:
     """Reversion ~M in the matrix representation, `[..., 2, 4, 4]` real/imag pairs or `[..., 4, 4]` complex."""
-    signs = _reverse_signs_matrix().to(device=m.device, dtype=m.real.dtype)
-    return m.flip(-2, -1).transpose(-2, -1) * signs
+    return m.flip(-2, -1).transpose(-2, -1) * reverse_signs_matrix(m.device, m.real.dtype)
 
 
 def _complex_to_real8(m: torch.Tensor) -> torch.Tensor:
@@ -289,14 +316,16 @@ def bivector_to_multivector(bivector: torch.Tensor) -> torch.Tensor:
 def rotor_exp_matrix(bivector: torch.Tensor) -> torch.Tensor:
     """exp(-B/2) in the M4(C) representation, `[..., 2, 4, 4]`, for bivector coefficients `[..., 10]`.
 
-    Computed in float32 (or float64 if given) via the real 8x8 form of the complex matrix.
+    The general case (rotations and boosts mixed) through the real 8x8 form of the complex matrix, computed in
+    float64 (a float32 matrix exponential and its backward lose several digits) and returned in float32,
+    or float64 if given. Rotations alone or boosts alone have closed forms: `rotation_rotor`, `boost_rotor`.
     """
     dtype = torch.float64 if bivector.dtype == torch.float64 else torch.float32
-    b = bivector.to(dtype)
-    basis = _basis(b.device, dtype)[list(BIVECTOR_MASKS)]  # [10, 2, 4, 4]
+    b = bivector.to(torch.float64)
+    basis = _basis(b.device, torch.float64)[list(BIVECTOR_MASKS)]  # [10, 2, 4, 4]
     generator = torch.einsum("...k,kczw->...czw", -0.5 * b, basis)
     real8 = torch.linalg.matrix_exp(_complex_to_real8(generator))
-    return torch.stack((real8[..., :4, :4], real8[..., 4:, :4]), dim=-3)
+    return torch.stack((real8[..., :4, :4], real8[..., 4:, :4]), dim=-3).to(dtype)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -312,8 +341,7 @@ BOOST_ROTOR_MASKS = (0, *(BIVECTOR_MASKS[i] for i in BOOST_INDICES))
 _SERIES_BELOW = 1e-5
 
 
-@cache
-def _spin4_tables() -> dict[str, torch.Tensor]:
+def _build_spin4_tables() -> dict[str, torch.Tensor]:
     """Constants of the rotation rotors, derived from the matrix basis (float64).
 
     I = e1234 squares to +1 and commutes with every even element of Cl(4,0), so P+- = (1 +- I)/2 split
@@ -364,6 +392,13 @@ def _spin4_tables() -> dict[str, torch.Tensor]:
         "matrix": matrix,
         "multivector": from_matrix(matrix),
     }
+
+
+_SPIN4_TABLES = _build_spin4_tables()
+
+
+def _spin4_tables() -> dict[str, torch.Tensor]:
+    return _SPIN4_TABLES
 
 
 def spin4_table(name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -472,6 +507,7 @@ __all__ = [
     "boost_rotor",
     "boost_to_matrix",
     "quaternion_product",
+    "reverse_signs_matrix",
     "rotation_rotor",
     "spin4_table",
     "spin4_to_matrix",
@@ -484,6 +520,7 @@ __all__ = [
     "complex_matmul",
     "conformal_algebra",
     "from_matrix",
+    "matrix_basis",
     "matrix_geometric_product",
     "matrix_reverse",
     "rotor_exp",

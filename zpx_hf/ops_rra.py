@@ -9,8 +9,7 @@ Per token t and head, a bivector B_t gives the rotor dR_t = exp(-B_t/2); the sta
 6 rotation bivectors (e_i e_j, i, j <= 4) and applies the 4 boosts A_t (e_i e5) per token:
 T_t = R_t exp(-A_t/2). Why: Spin(4,1) is not compact. Rotation rotors are unitary in the M4(C)
 representation and their products stay bounded; a product of boosts grows without bound, and no float
-format keeps R~R = 1 once |R|^2 eps is large (boost coefficients of std 0.02 drift to |R~R - 1| ~ 0.3
-within 16K tokens, std 0.1 overflows).
+format keeps R~R = 1 once |R|^2 eps is large, so "full" suits short sequences or small boosts.
 
 Kernels, one signature and one function (`rra_naive` is the definition, the others are tested against it):
 

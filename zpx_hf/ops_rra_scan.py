@@ -24,11 +24,11 @@ import torch
 from .clifford_algebra import (
     BOOST_INDICES,
     ROTATION_INDICES,
-    _basis,
-    _reverse_signs_matrix,
     boost_rotor,
     boost_to_matrix,
     from_matrix,
+    matrix_basis,
+    reverse_signs_matrix,
     rotation_rotor,
     rotor_exp_matrix,
     spin4_table,
@@ -88,7 +88,7 @@ def matmul_soa(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def reverse_soa(matrix: torch.Tensor) -> torch.Tensor:
     """~M for `[4, 4, ...]`: the anti-diagonal transpose with signs of `matrix_reverse`."""
-    signs = _reverse_signs_matrix().to(device=matrix.device, dtype=matrix.real.dtype)
+    signs = reverse_signs_matrix(matrix.device, matrix.real.dtype)
     return matrix.flip(0, 1).transpose(0, 1) * signs.reshape(4, 4, *([1] * (matrix.dim() - 2)))
 
 
@@ -114,7 +114,7 @@ def _conjugate(pairs: torch.Tensor) -> torch.Tensor:
 
 
 class _Spin4Scan(torch.autograd.Function):
-    """Prefix products P_t = dR_0 ... dR_t of SU(2) blocks `[4, ...,  L]`, normalised (q / |q|).
+    """Prefix products P_t = dR_0 ... dR_t of SU(2) blocks `[4, ..., L]`, normalised (q / |q|).
 
     Backward without re-running the scan: with G_t = dL/dP_t the reverse recursion
     Gbar_t = G_t + Gbar_{t+1} dR_{t+1}^H unrolls, for unit P (P^-1 = P^H), to Gbar_t = S_t P_t with the
@@ -154,7 +154,7 @@ def _spin4_matrix_soa(pairs: torch.Tensor) -> torch.Tensor:
     return torch.complex(out[0], out[1])
 
 
-def _boost_matrix_soa(boost: torch.Tensor) -> torch.Tensor:
+def boost_matrices_soa(boost: torch.Tensor) -> torch.Tensor:
     """Per-token boost rotors exp(-A/2) from boost bivectors `[*tokens, 4]` -> complex `[4, 4, *tokens]`."""
     return to_soa(boost_to_matrix(boost_rotor(boost)))
 
@@ -189,7 +189,7 @@ def final_state(rotors: torch.Tensor, pairs: torch.Tensor | None, initial: torch
 def encode_values(value: torch.Tensor) -> torch.Tensor:
     """Values `[B, L, H, c, 32]` -> complex matrices `[4, 4, c, B, H, L]` (one GEMM with the basis)."""
     batch, length, heads, channels = value.shape[:4]
-    basis = _basis(value.device, value.dtype).reshape(32, 32)  # blade x (re/im, i, j)
+    basis = matrix_basis(value.device, value.dtype).reshape(32, 32)  # blade x (re/im, i, j)
     flat = value.permute(3, 0, 2, 1, 4).reshape(-1, 32)  # (c, B, H, L) x blade
     out = (basis.T @ flat.T).reshape(2, 4, 4, channels, batch, heads, length)
     return torch.complex(out[0], out[1])
@@ -198,7 +198,7 @@ def encode_values(value: torch.Tensor) -> torch.Tensor:
 def decode_values(matrix: torch.Tensor) -> torch.Tensor:
     """Complex `[4, 4, c, B, H, L]` -> multivectors `[B, L, H, c, 32]`: a_A = Re Tr(M E_A^dagger) / 4."""
     channels, batch, heads, length = matrix.shape[2:]
-    basis = _basis(matrix.device, matrix.real.dtype).reshape(32, 32)
+    basis = matrix_basis(matrix.device, matrix.real.dtype).reshape(32, 32)
     parts = torch.stack((matrix.real, matrix.imag)).reshape(32, -1)
     out = (basis @ parts / 4).reshape(32, channels, batch, heads, length)
     return out.permute(2, 4, 3, 1, 0)
@@ -219,12 +219,13 @@ def rra_scan(
     transforms = rotors
     if accumulate == "compact":
         boosts = bivectors.transpose(1, 2)[..., list(BOOST_INDICES)]
-        transforms = matmul_soa(rotors, _boost_matrix_soa(boosts))
+        transforms = matmul_soa(rotors, boost_matrices_soa(boosts))
     return sandwich_values(transforms, value), final_state(rotors, pairs, initial)
 
 
 __all__ = [
     "accumulated_rotors",
+    "boost_matrices_soa",
     "decode_values",
     "encode_values",
     "from_soa",

@@ -21,7 +21,7 @@ from .clifford_algebra import (
     to_matrix,
 )
 from .ops_rra_naive import RENORM_EVERY, identity_matrix, project
-from .ops_rra_scan import _boost_matrix_soa, matmul_soa, sandwich_values, to_soa
+from .ops_rra_scan import boost_matrices_soa, matmul_soa, sandwich_values, to_soa
 
 try:
     import triton
@@ -191,7 +191,7 @@ def rra_triton(
     prefix = prefix.reshape(batch, heads, length, 2, 4, 4)
     transforms = to_soa(prefix)  # [4, 4, B, H, L]
     if accumulate == "compact":
-        transforms = matmul_soa(transforms, _boost_matrix_soa(tokens[..., list(BOOST_INDICES)]))
+        transforms = matmul_soa(transforms, boost_matrices_soa(tokens[..., list(BOOST_INDICES)]))
     last = prefix[:, :, -1] if length else start
     return sandwich_values(transforms, value), from_matrix(project(last))
 
