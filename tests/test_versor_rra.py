@@ -181,7 +181,7 @@ def test_bf16_runs_the_algebra_in_float32(mixed, accumulate):
     assert torch.isfinite(out).all() and float((out.float() - ref_out).detach().abs().max()) < bound
     grads = torch.autograd.grad(out.float().sum() + state.sum(), (bivectors, value, initial))
     assert all(torch.isfinite(g).all() for g in grads)
-    assert float(rotor_norm_error(to_matrix(state)).max()) < 1e-5
+    assert float(rotor_norm_error(to_matrix(state.detach())).max()) < 1e-5
 
 
 def test_bad_arguments_are_named():

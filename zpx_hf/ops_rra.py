@@ -29,11 +29,9 @@ return; passing it back as `initial` continues the sequence exactly as one unint
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
-from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, ROTATION_INDICES, from_matrix
+from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, from_matrix
 from .ops_rra_naive import rra_naive
 from .ops_rra_scan import accumulated_rotors, from_soa, rra_scan
 from .ops_rra_triton import HAS_TRITON, rra_triton
@@ -49,9 +47,6 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def _resolve_kernel(kernel: str, device: torch.device) -> str:
-    if kernel == "chunked":  # the name before the log-depth scan replaced the chunked one
-        warnings.warn("kernel='chunked' is deprecated; use 'scan' (same function).", DeprecationWarning, stacklevel=3)
-        kernel = "scan"
     _check_choice("kernel", kernel, ("auto", *RRA_KERNELS))
     if kernel == "auto":
         return "triton" if HAS_TRITON and device.type == "cuda" else "scan"
@@ -93,25 +88,11 @@ def recursive_rotor_accumulator(
     accumulate: str = "compact",
     initial: torch.Tensor | None = None,
     kernel: str = "auto",
-    local_bivectors: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RRA for bivectors `[B, L, H, 10]` (`BIVECTOR_MASKS` order) and values `[B, L, H, c, 32]`.
 
     Returns `(y [B, L, H, c, 32] in value.dtype, state [B, H, 32])`; `initial` is a previous call's state.
-    `local_bivectors` is deprecated: the old split (rotations in `bivectors`, boosts in `local_bivectors`)
-    is `accumulate="compact"` on their sum.
     """
-    if local_bivectors is not None:
-        warnings.warn(
-            "local_bivectors is deprecated: pass all 10 components and accumulate='compact'.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        rotation = torch.zeros(len(BIVECTOR_MASKS), dtype=torch.bool, device=bivectors.device)
-        rotation[list(ROTATION_INDICES)] = True
-        if bivectors[..., ~rotation].any() or local_bivectors[..., rotation].any():
-            raise ValueError("local_bivectors must hold only boosts and bivectors only rotations (compact split).")
-        bivectors, accumulate = bivectors + local_bivectors, "compact"
     _check_choice("accumulate", accumulate, RRA_ACCUMULATE)
     _check_inputs(bivectors, value, initial)
     kernel = _resolve_kernel(kernel, bivectors.device)
