@@ -234,9 +234,10 @@ class GeometricModel(GeometricPreTrainedModel):
         if position_ids is None:
             position_ids = default_position_ids(attention_mask, past_length, length, inputs_embeds.device)
         position_embeddings = self.position_embeddings(inputs_embeds, position_ids)
-        # [B, past + L] bool, True = real token; None when nothing is padded.
+        # [B, past + L] bool, True = real token; None when nothing is padded (a host read, so eager mode only:
+        # a compiled graph keeps an all-ones mask, which computes the same function).
         padding_mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
+        if attention_mask is not None and (torch.compiler.is_compiling() or not bool(attention_mask.all())):
             padding_mask = attention_mask.to(device=inputs_embeds.device, dtype=torch.bool)
 
         hidden_states = inputs_embeds

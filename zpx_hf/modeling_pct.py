@@ -38,6 +38,7 @@ from .modeling_common import (
 )
 from .modeling_complex import ComplexEmbedding, ComplexLinear, ComplexRMSNorm, ModReLU, complex_rotate
 from .ops_pct import pct_attention, pct_attention_weights
+from .ops_pct_naive import autocast_off
 from .rotary_srpe import build_rotary
 
 
@@ -51,11 +52,12 @@ def pct_attention_eager(
     causal: bool,
     key_padding_mask: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The readable path: materialised gates a_ij, returned as the attention weights."""
-    output = pct_attention(
-        query, key, value, tau, bias, causal=causal, key_padding_mask=key_padding_mask, kernel="naive"
-    )
+    """The readable path (`ops_pct_naive`'s formula): the gates a_ij materialised once, out = a v; the gates are
+    returned as the attention weights, the very tensor the output is computed from (as transformers' eager
+    paths return theirs), so gradients reach them."""
     weights = pct_attention_weights(query, key, tau, bias, causal=causal, key_padding_mask=key_padding_mask)
+    with autocast_off(query):
+        output = (weights @ value.to(weights.dtype)).to(query.dtype)
     return output, weights
 
 

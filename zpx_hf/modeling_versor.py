@@ -35,16 +35,21 @@ from .modeling_common import (
     GeometricPreTrainedModel,
     attention_implementation,
 )
-from .ops_gpa import geometric_product_attention, gpa_attention_weights
+from .ops_gpa import geometric_product_attention
+from .ops_gpa_naive import gpa_naive_weights
 from .ops_rra import recursive_rotor_accumulator
 
 
 def gpa_eager(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, gamma: torch.Tensor, **kwargs: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The readable path: the materialised score, returned as the attention weights."""
-    output = geometric_product_attention(query, key, value, gamma, kernel="naive", **kwargs)
-    return output, gpa_attention_weights(query, key, gamma, **kwargs)
+    """The readable path (`gpa_naive`'s formula): softmax weights materialised once, out = weights V; the weights
+    are returned as the attention weights, the very tensor the output is computed from (as transformers' eager
+    paths return theirs), so gradients reach them."""
+    weights = gpa_naive_weights(query, key, gamma, **kwargs)  # float32 at least, as in gpa_naive
+    with torch.autocast(query.device.type, enabled=False):
+        output = torch.matmul(weights, value.to(weights.dtype)).to(query.dtype)
+    return output, weights.to(query.dtype)
 
 
 def gpa_sdpa(

@@ -70,9 +70,11 @@ class _Plan:
             padding = None
             if keys is not None:
                 block = keys[:, start:stop]
-                if not bool(block.any()):
+                if torch.compiler.is_compiling():  # no host reads in a compiled graph: every block keeps its mask
+                    padding = block[:, None, None, :]
+                elif not bool(block.any()):
                     continue  # every sequence's keys here are padding
-                if not bool(block.all()):
+                elif not bool(block.all()):
                     padding = block[:, None, None, :]
             self.blocks.append((start, stop, padding))
 

@@ -15,8 +15,6 @@ function; the form tables and input checks they share live here.
 
 from __future__ import annotations
 
-from functools import cache
-
 import torch
 
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, conformal_algebra
@@ -24,18 +22,21 @@ from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, conformal_algebra
 NUM_FORMS = 1 + len(BIVECTOR_MASKS)  # scalar + 10 bivector coefficients
 
 
-@cache
-def _form_tables_cpu() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _build_form_tables() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     index, sign = conformal_algebra().bilinear_forms(torch.tensor((0,) + BIVECTOR_MASKS, device="cpu"))
     query_sign = torch.gather(sign, 1, index)
     return index, sign.float(), query_sign.float()
+
+
+# Built at import: under torch.compile `form_tables` then reads constants (see clifford_algebra).
+_FORM_TABLES = _build_form_tables()
 
 
 def form_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """[11, 32] tables: index[m, A] = A xor C_m, key-side sign[m, A] and query-side sign[m, A xor C_m].
 
     <P>_{C_m} = sum_A Q_A sign[m, A] K_{index[m, A]} = sum_B query_sign[m, B] Q_{index[m, B]} K_B."""
-    index, sign, query_sign = _form_tables_cpu()
+    index, sign, query_sign = _FORM_TABLES
     return index.to(device), sign.to(device), query_sign.to(device)
 
 
