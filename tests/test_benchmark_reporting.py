@@ -172,8 +172,8 @@ def test_report_turns_a_fixed_results_file_into_the_expected_table_findings_and_
     assert claims[0].endswith("reproduced: PCT 0.820 ± 0.020 vs baseline 0.200 ± 0.100 at 8x.")
     assert "undecided: the Versor or baseline N-body runs did not finish." in claims[1]
     assert claims[2].endswith(
-        "mqar reproduced (0.990 ± 0.000 vs softmax + SRPE 0.920 ± 0.020); "
-        "passkey not reproduced (0.980 ± 0.010 vs softmax + SRPE 0.980 ± 0.000)."
+        "mqar reproduced: 0.990 ± 0.000 vs softmax + SRPE 0.920 ± 0.020; "
+        "passkey not reproduced (within noise): 0.980 ± 0.010 vs softmax + SRPE 0.980 ± 0.000."
     )
     saved = json.loads((tmp_path / "fixed.json").read_text())
     assert {(r["variant"], r["task"]) for r in saved["aggregate"]} == {
