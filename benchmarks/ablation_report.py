@@ -84,6 +84,13 @@ def _pair(row: dict[str, Any], key: str) -> tuple[float, float]:
     return row[f"{key}_mean"], row[f"{key}_std"]
 
 
+def compare(row: dict[str, Any], base: dict[str, Any], key: str, higher_better: bool) -> str:
+    """`verdict` of two aggregate rows; `one seed` when either has a single seed (no spread to judge noise)."""
+    if min(row.get("n", 0), base.get("n", 0)) < 2:
+        return "one seed"
+    return verdict(_pair(row, key), _pair(base, key), higher_better)
+
+
 def findings(
     by: dict[tuple[str, str], dict[str, Any]],
     columns: list[tuple[str, str, str, bool]],
@@ -107,9 +114,11 @@ def findings(
             groups: dict[str, list[str]] = {"better": [], "worse": []}
             for v, row in scored:
                 if v != "baseline":
-                    groups.setdefault(verdict(_pair(row, key), _pair(base, key), higher), []).append(v)
+                    groups.setdefault(compare(row, base, key, higher), []).append(v)
             text += f"; better than baseline beyond noise: {', '.join(groups['better']) or 'none'}"
             text += f"; worse: {', '.join(groups['worse']) or 'none'}"
+            if groups.get("one seed"):
+                text += f"; one seed only, not compared: {', '.join(groups['one seed'])}"
         if key == "position_mse" and reference:
             cv = reference["const_velocity_position_mse"]
             beating = [v for v, row in scored if row[f"{key}_mean"] < cv]
@@ -277,7 +286,7 @@ def markdown(
             for task, key, _, higher in columns:
                 a, b = by.get((variant, task), {}), by.get(("baseline", task), {})
                 ok = f"{key}_mean" in a and f"{key}_mean" in b
-                cells.append(verdict(_pair(a, key), _pair(b, key), higher) if ok else "-")
+                cells.append(compare(a, b, key, higher) if ok else "-")
             rows.append([label(variant), *cells])
         lines += [
             "",

@@ -184,6 +184,15 @@ def test_report_turns_a_fixed_results_file_into_the_expected_table_findings_and_
     assert next(r for r in rows if r["variant"] == "pct" and r["task"] == "mqar")["n"] == "3"
 
 
+def test_a_single_seed_is_not_compared_with_the_baseline():
+    runs = [r for r in _fixed_runs() if r.get("status") == "ok" and r["task"] == "mqar"]
+    runs = [r for r in runs if r["variant"] != "pct" or r["seed"] == 0]
+    by = {(r["variant"], r["task"]): r for r in report.summarise(runs)}
+    columns = report.metric_columns(SPEC, ["mqar"])
+    line = report.findings(by, columns, ["baseline", "softmax_srpe", "pct"], None)[2]
+    assert line.endswith("worse: softmax_srpe; one seed only, not compared: pct.")
+
+
 def test_pct_claim_is_undecided_when_the_baseline_does_not_learn_the_needle():
     runs = [r for r in _fixed_runs() if r.get("status") == "ok"]
     for r in runs:
