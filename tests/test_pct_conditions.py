@@ -181,12 +181,12 @@ def test_c3_gate_gradient_finite_and_lipschitz():
         out = pct_attention(q, k, v, tau, bias)
         return torch.autograd.grad(out.sum(), bias)[0].item()
 
-    biases = torch.linspace(-60.0, 60.0, 1201).tolist()
+    biases = torch.linspace(-60.0, 60.0, 601).tolist()  # step 0.2
     grads = torch.tensor([grad_at(b) for b in biases])
     assert torch.isfinite(grads).all()
     # |sigma''| <= 1/(6 sqrt 3): d(grad)/db is bounded by that times sum_ij |sum_m v_jm|
     bound = (1 / (6 * math.sqrt(3))) * torch.tril(v.sum(-1).abs().reshape(1, 6).expand(6, 6)).sum().item()
-    slopes = (grads[1:] - grads[:-1]).abs() / 0.1
+    slopes = (grads[1:] - grads[:-1]).abs() / 0.2
     assert slopes.max() <= bound * (1 + 1e-6)
 
     # the model's gradient stays finite where q = k = 0 (the eps-safe complex L2 norm)
