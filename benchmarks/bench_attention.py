@@ -71,15 +71,26 @@ def make_step(path: str, length: int, device: str, dtype: Any, batch: int, heads
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     elif path in ("zpx_materialised", "zpx_sdpa"):
-        from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention_eager, zpx_attention_sdpa
+        from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention_sdpa
+        from zpx_hf.ops_zpx_naive import zpx_attention_naive
 
-        op = zpx_attention_eager if path == "zpx_materialised" else zpx_attention_sdpa
+        op = zpx_attention_naive if path == "zpx_materialised" else zpx_attention_sdpa
         q, k, v = (make(batch, heads, length, d) for _ in range(3))
         pre = [make(batch, heads, length, PHASE_CHANNELS) for _ in range(3)]
 
         def run() -> Any:
             features = phase_key_features(phase_coordinates(*pre, 4.0)).to(dtype)
-            out, _ = op(q, torch.cat((k, features), -1), v, features, None, True, d**-0.5, 1.0, 1.0)
+            out, _ = op(
+                q,
+                torch.cat((k, features), -1),
+                v,
+                features,
+                None,
+                causal=True,
+                scaling=d**-0.5,
+                lambda_angle=1.0,
+                lambda_sphere=1.0,
+            )
             return out
 
     elif path in ("pct_reference", "pct_triton"):

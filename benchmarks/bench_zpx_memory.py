@@ -78,18 +78,17 @@ def step_worker(device: str, length: int, batch: int) -> dict:
     import statistics
 
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from zpx_hf import ZPXConfig, ZPXForCausalLM
+    from zpx_hf import ZPXConfig
 
     torch.manual_seed(0)
     size = dict(vocab_size=260, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4)
     llama_config = LlamaConfig(**size, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     zpx_config = ZPXConfig(**size, phase_channels=8, rotary="srpe")
     models = {}
-    for name, cls, config in (("llama", LlamaForCausalLM, llama_config), ("zpx", ZPXForCausalLM, zpx_config)):
-        config._attn_implementation = "sdpa"
-        model = cls(config).to(device).train()
+    for name, config in (("llama", llama_config), ("zpx", zpx_config)):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device).train()
         models[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4))
     ids = torch.randint(3, 260, (batch, length), device=device)
 

@@ -218,7 +218,8 @@ def check_rra(rows: list[dict[str, Any]], quick: bool) -> None:
 def check_zpx(rows: list[dict[str, Any]], dtypes: list[Any]) -> None:
     import torch
 
-    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention_eager, zpx_attention_sdpa
+    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention_sdpa
+    from zpx_hf.ops_zpx_naive import zpx_attention_naive
 
     batch, heads, length, dim, channels = (1, 2, 33, 64, 4) if SMOKE else (2, 4, 257, 64, 4)
     g = torch.Generator(device=DEVICE).manual_seed(0)
@@ -230,7 +231,17 @@ def check_zpx(rows: list[dict[str, Any]], dtypes: list[Any]) -> None:
     def run(op: Callable[..., Any]) -> Callable[..., Any]:
         def call(q: Any, k: Any, v: Any, a: Any, b: Any, c: Any) -> Any:
             features = phase_key_features(phase_coordinates(a, b, c, 4.0)).to(q.dtype)
-            return op(q, torch.cat((k, features), -1), v, features, None, True, dim**-0.5, 1.0, 1.0)[0]
+            return op(
+                q,
+                torch.cat((k, features), -1),
+                v,
+                features,
+                None,
+                causal=True,
+                scaling=dim**-0.5,
+                lambda_angle=1.0,
+                lambda_sphere=1.0,
+            )[0]
 
         return call
 
@@ -238,7 +249,7 @@ def check_zpx(rows: list[dict[str, Any]], dtypes: list[Any]) -> None:
         compare(
             f"zpx sdpa vs materialised L={length}",
             run(zpx_attention_sdpa),
-            run(zpx_attention_eager),
+            run(zpx_attention_naive),
             [q, k, v, *pre],
             ["dq", "dk", "dv", "dlog_r", "dtheta", "db"],
             dtype,
@@ -247,27 +258,21 @@ def check_zpx(rows: list[dict[str, Any]], dtypes: list[Any]) -> None:
 
 
 def check_models(rows: list[dict[str, Any]]) -> None:
-    """Tiny models, same weights: kernels 'triton' vs 'reference' (fp32), logits and parameter grads."""
+    """Tiny models, same weights: attn_implementation 'sdpa' (Triton on CUDA) vs 'eager' (the references),
+    fp32, logits and parameter grads."""
     import torch
+    from transformers import AutoModelForCausalLM
 
-    from zpx_hf import PCTConfig, PCTForCausalLM, VersorConfig, VersorForCausalLM
+    from zpx_hf import PCTConfig, VersorConfig
 
     ids = torch.randint(4, 260, (2, 17 if SMOKE else 97), device=DEVICE)
-    cases = [
-        ("pct model", PCTForCausalLM, PCTConfig, {"attention_kernel": "triton"}, {"attention_kernel": "reference"}),
-        (
-            "versor hybrid model",
-            VersorForCausalLM,
-            VersorConfig,
-            {"gpa_kernel": "triton", "rra_kernel": "triton"},
-            {"gpa_kernel": "reference", "rra_kernel": "sequential"},
-        ),
-    ]
-    for name, model_class, config_class, fast, slow in cases:
+    cases = [("pct model", PCTConfig, {}), ("versor hybrid model", VersorConfig, {"mixer": "hybrid"})]
+    for name, config_class, extra in cases:
         size = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2}
+        config = config_class(**size, **extra)
         torch.manual_seed(0)
-        model_fast = model_class(config_class(**size, **fast)).to(DEVICE)
-        model_slow = model_class(config_class(**size, **slow)).to(DEVICE)
+        model_fast = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(DEVICE)
+        model_slow = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(DEVICE)
         model_slow.load_state_dict(model_fast.state_dict())
         out_fast = model_fast(input_ids=ids, labels=ids, use_cache=False)
         out_slow = model_slow(input_ids=ids, labels=ids, use_cache=False)
@@ -288,9 +293,7 @@ def check_models(rows: list[dict[str, Any]]) -> None:
 def benchmark(lengths: list[int]) -> list[dict[str, Any]]:
     """bench_attention's CUDA measurement in this process (bf16; RRA fp32)."""
     import torch
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_attention import PATHS, worker
+    from bench_attention import PATHS, worker  # this script's folder is on sys.path when run as a script
 
     rows = []
     for path in PATHS:
