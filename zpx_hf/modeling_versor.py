@@ -362,7 +362,8 @@ class VersorModel(GeometricModel, VersorPreTrainedModel):
         if cache is not None and not isinstance(cache, VersorCache):
             raise ValueError(
                 f"Versor keeps its own recurrent cache; got {type(cache).__name__}. Pass the cache returned by a "
-                "previous Versor forward (or none)."
+                "previous Versor forward (or none). PEFT prefix tuning passes such a cache and does not apply to "
+                "Versor: use LoRA or prompt tuning."
             )
 
 

@@ -99,7 +99,7 @@ class _PCTAttentionTiled(torch.autograd.Function):
                 dv[:, :keys].baddbmm_(gate.transpose(1, 2), do_p)
                 ds = torch.bmm(do_p, v[:, :keys].transpose(1, 2)).mul_(gate)  # dP a
                 ds.addcmul_(ds, gate, value=-1.0)  # dP a (1 - a); hidden pairs: a = 0 -> 0
-                torch.bmm(ds, k[:, :keys], out=g[:, start:end])
+                g[:, start:end] = torch.bmm(ds, k[:, :keys])  # not out=: a strided slice breaks compiled graphs
                 dk[:, :keys].baddbmm_(ds.transpose(1, 2), q_scaled[:, start:end])
                 dbias += ds.sum(dim=(1, 2))
             dtau = (g * q).sum(dim=(1, 2))
