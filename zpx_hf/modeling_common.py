@@ -131,13 +131,11 @@ class GeometricDecoderLayer(GradientCheckpointingLayer):
     """Pre-norm block:  h = h + mixer(norm_1(h));  h = h + mlp(norm_2(h)).
 
     A family's layer builds `input_layernorm`, `post_attention_layernorm`, `mlp` and its mixer, and names
-    the mixer through `token_mixer` (ZPX and PCT: `self_attn`; Versor: `mixer`, the names its checkpoints
-    hold). The mixer returns `(output, attention weights or None, per-layer extra or None)`.
+    the mixer's attribute in `mixer_name` (ZPX and PCT: `self_attn`; Versor: `mixer`, the names its
+    checkpoints hold). The mixer returns `(output, attention weights or None, per-layer extra or None)`.
     """
 
-    @property
-    def token_mixer(self) -> nn.Module:
-        raise NotImplementedError(f"{type(self).__name__} must name its token mixer")
+    mixer_name = "self_attn"
 
     def forward(
         self,
@@ -149,7 +147,7 @@ class GeometricDecoderLayer(GradientCheckpointingLayer):
         kv_length: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
         residual = hidden_states
-        mixed, weights, extra = self.token_mixer(
+        mixed, weights, extra = getattr(self, self.mixer_name)(
             self.input_layernorm(hidden_states),
             position_embeddings=position_embeddings,
             padding_mask=padding_mask,

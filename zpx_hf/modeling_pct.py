@@ -186,10 +186,6 @@ class PCTDecoderLayer(GeometricDecoderLayer):
         self.input_layernorm = ComplexRMSNorm(config.complex_hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = ComplexRMSNorm(config.complex_hidden_size, eps=config.rms_norm_eps)
 
-    @property
-    def token_mixer(self) -> PCTAttention:
-        return self.self_attn
-
 
 class PCTPreTrainedModel(GeometricPreTrainedModel):
     config_class = PCTConfig

@@ -305,6 +305,8 @@ VERSOR_MIXER_CLASSES = {"gpa": VersorGPA, "rra": VersorRRA}
 
 
 class VersorDecoderLayer(GeometricDecoderLayer):
+    mixer_name = "mixer"
+
     def __init__(self, config: VersorConfig, layer_idx: int) -> None:
         super().__init__()
         self.mixer_type = config.layer_mixer(layer_idx)
@@ -312,10 +314,6 @@ class VersorDecoderLayer(GeometricDecoderLayer):
         self.mlp = VersorMLP(config)
         self.input_layernorm = VersorNorm(config.num_channels, eps=config.rms_norm_eps)
         self.post_attention_layernorm = VersorNorm(config.num_channels, eps=config.rms_norm_eps)
-
-    @property
-    def token_mixer(self) -> nn.Module:
-        return self.mixer
 
 
 class VersorPreTrainedModel(GeometricPreTrainedModel):

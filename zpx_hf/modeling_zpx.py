@@ -173,10 +173,6 @@ class ZPXDecoderLayer(GeometricDecoderLayer):
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    @property
-    def token_mixer(self) -> ZPXAttention:
-        return self.self_attn
-
 
 class ZPXPreTrainedModel(GeometricPreTrainedModel):
     config_class = ZPXConfig
