@@ -162,6 +162,20 @@ def default_position_ids(
     return (torch.arange(length, device=device) + past_length).unsqueeze(0)
 
 
+def visible_keys(
+    q_len: int, k_len: int, causal: bool, key_padding_mask: torch.Tensor | None, device: torch.device
+) -> torch.Tensor | None:
+    """Bool [B|1, 1, Lq, Lk], True where query i (absolute position Lk - Lq + i) may see key j; None = all."""
+    visible = None
+    if causal and q_len > 1:  # a single query is the last position: it sees every key
+        q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+        visible = (torch.arange(k_len, device=device)[None, :] <= q_pos)[None, None]
+    if key_padding_mask is not None:
+        keys = key_padding_mask.to(device=device, dtype=torch.bool)[:, None, None, :]
+        visible = keys if visible is None else visible & keys
+    return visible
+
+
 def build_attention_mask(
     padding_mask: torch.Tensor | None,
     batch: int,
@@ -171,8 +185,7 @@ def build_attention_mask(
     device: torch.device,
     always: bool = False,
 ) -> torch.Tensor | None:
-    """Boolean mask [B, 1, q_len, kv_len] (True = may attend) from a [B, kv_len] padding mask and causality;
-    query i sits at absolute position kv_len - q_len + i.
+    """Boolean softmax mask [B, 1, q_len, kv_len] (True = may attend) from `visible_keys`.
 
     Returns `None` when no mask is needed and `always` is False: no padding and either bidirectional
     attention or a causal square block (which SDPA handles with `is_causal`) or a single query. Query rows
@@ -181,13 +194,11 @@ def build_attention_mask(
     """
     if not always and padding_mask is None and (not causal or q_len == kv_len or q_len == 1):
         return None
+    visible = visible_keys(q_len, kv_len, causal, padding_mask, device)
     mask = torch.ones(batch, 1, q_len, kv_len, dtype=torch.bool, device=device)
-    if causal:
-        q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
-        k_pos = torch.arange(kv_len, device=device)[None, :]
-        mask = mask & (k_pos <= q_pos)[None, None]
+    if visible is not None:
+        mask = mask & visible
     if padding_mask is not None:
-        mask = mask & padding_mask.to(device=device, dtype=torch.bool)[:, None, None, :]
         mask = mask | ~mask.any(dim=-1, keepdim=True)
     return mask
 

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .clifford_algebra import NUM_BLADES
+from .modeling_blocks import visible_keys
 from .ops_gpa_chunked import gpa_chunked
 from .ops_gpa_naive import (
     check_gpa_inputs,
@@ -32,7 +33,6 @@ from .ops_gpa_naive import (
     gpa_naive,
     gpa_naive_weights,
     score_parts,
-    visible_keys,
 )
 from .ops_gpa_triton import HAS_TRITON, gpa_triton
 

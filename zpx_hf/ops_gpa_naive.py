@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, conformal_algebra
+from .modeling_blocks import visible_keys
 
 NUM_FORMS = 1 + len(BIVECTOR_MASKS)  # scalar + 10 bivector coefficients
 
@@ -89,20 +90,6 @@ def check_gpa_inputs(
         raise ValueError(f"eps must be a finite positive number; got {eps}.")
 
 
-def visible_keys(
-    q_len: int, k_len: int, causal: bool, key_padding_mask: torch.Tensor | None, device: torch.device
-) -> torch.Tensor | None:
-    """Bool [B|1, 1, Lq, Lk], True where query i (absolute position Lk - Lq + i) may see key j; None = all."""
-    visible = None
-    if causal and q_len > 1:
-        q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
-        visible = (torch.arange(k_len, device=device)[None, :] <= q_pos)[None, None]
-    if key_padding_mask is not None:
-        keys = key_padding_mask.to(device=device, dtype=torch.bool)[:, None, None, :]
-        visible = keys if visible is None else visible & keys
-    return visible
-
-
 def score_parts(query: torch.Tensor, key: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(<P_ij>_0, sqrt(sum_C <P_ij>_C^2 + eps)), each [B, H, Lq, Lk], unscaled, in the inputs' dtype."""
     index, sign, _ = form_tables(query.device)
@@ -172,5 +159,4 @@ __all__ = [
     "gpa_naive",
     "gpa_naive_weights",
     "score_parts",
-    "visible_keys",
 ]

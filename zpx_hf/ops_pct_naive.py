@@ -21,6 +21,8 @@ import contextlib
 
 import torch
 
+from .modeling_blocks import visible_keys
+
 
 def autocast_off(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
     """Autocast disabled on `tensor`'s device (a no-op context when it is off already)."""
@@ -87,20 +89,6 @@ def prepare_inputs(
     )
 
 
-def visibility(
-    l_q: int, l_k: int, causal: bool, key_padding_mask: torch.Tensor | None, device: torch.device
-) -> torch.Tensor | None:
-    """Bool [B|1, 1, Lq, Lk]: key j visible to query i (None = everything visible)."""
-    mask = None
-    if causal and l_q > 1:  # with one query (the last position) every key is visible
-        q_pos = torch.arange(l_q, device=device)[:, None] + (l_k - l_q)
-        mask = (torch.arange(l_k, device=device)[None, :] <= q_pos)[None, None]
-    if key_padding_mask is not None:
-        keys = key_padding_mask[:, None, None, :]
-        mask = keys if mask is None else mask & keys
-    return mask
-
-
 def gates(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -114,7 +102,7 @@ def gates(
     with autocast_off(query):
         raw = query.to(acc) @ key.to(acc).transpose(-1, -2)
         gate = torch.sigmoid(tau.to(acc)[:, None, None] * raw + bias.to(acc)[:, None, None])
-    mask = visibility(query.shape[2], key.shape[2], causal, key_padding_mask, query.device)
+    mask = visible_keys(query.shape[2], key.shape[2], causal, key_padding_mask, query.device)
     return gate if mask is None else gate.masked_fill(~mask, 0.0)
 
 
@@ -135,4 +123,4 @@ def pct_attention_naive(
         return (gate @ value.to(gate.dtype)).to(query.dtype)
 
 
-__all__ = ["autocast_off", "gates", "pct_attention_naive", "per_head", "prepare_inputs", "visibility"]
+__all__ = ["autocast_off", "gates", "pct_attention_naive", "per_head", "prepare_inputs"]
