@@ -84,6 +84,41 @@ TRIALS: dict[str, tuple[str, TaskBudget, dict[str, int], str]] = {
         {},
         "keyed passkey, 2 needles + 2 distractor numbers, length 96",
     ),
+    "passkey_96_lr3": (
+        "passkey",
+        TaskBudget(steps=1500, batch=32, lr=3e-3, params={"length": 96, "num_needles": 2, "num_distractors": 2}),
+        {},
+        "as passkey_96 with lr 3e-3 (lowercase key letters, which also occur in the filler)",
+    ),
+    "passkey_80_d3_lr3": (
+        "passkey",
+        TaskBudget(
+            steps=1500,
+            batch=32,
+            lr=3e-3,
+            params={"length": 80, "num_needles": 2, "num_distractors": 2, "num_digits": 3},
+        ),
+        {},
+        "3-digit numbers, 2 needles + 2 distractors, length 80, lr 3e-3 (lowercase key letters)",
+    ),
+    "needle_96": (
+        "passkey",
+        TaskBudget(steps=2000, batch=32, lr=1e-3, params={"length": 96, "num_needles": 2, "num_distractors": 2}),
+        {},
+        "keyed needle with capital key letters found nowhere else in the example (one unambiguous key token), "
+        "2 needles + 2 distractor numbers of 5 digits, length 96",
+    ),
+    "needle_80_d3": (
+        "passkey",
+        TaskBudget(
+            steps=2000,
+            batch=32,
+            lr=1e-3,
+            params={"length": 80, "num_needles": 2, "num_distractors": 2, "num_digits": 3},
+        ),
+        {},
+        "as needle_96 with 3-digit numbers, length 80",
+    ),
     "copy_t4p12": (
         "selective_copy",
         TaskBudget(steps=1500, batch=64, lr=1e-3, params={"num_tokens": 4, "num_positions": 12}),

@@ -77,9 +77,9 @@ def test_mqar_queries_with_replacement_answer_from_the_table():
 def _passkey_parts(example):
     """(needles {letter: digits}, distractor numbers, asked letter) parsed from the decoded context."""
     text = ids_to_text([t for t, m in zip(example["input_ids"], example["answer_mask"]) if not m][1:])
-    needles = dict(re.findall(r"Key ([a-z]) is (\d+)\.", text))
+    needles = dict(re.findall(r"Key ([A-Z]) is (\d+)\.", text))
     distractors = re.findall(r"Room (\d+)\.", text)
-    asked = re.search(r"What is key ([a-z])\? Key ([a-z]) is $", text)
+    asked = re.search(r"What is key ([A-Z])\? Key ([A-Z]) is $", text)
     assert asked and asked.group(1) == asked.group(2)
     return needles, distractors, asked.group(1)
 

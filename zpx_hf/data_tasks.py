@@ -10,8 +10,8 @@ deterministic given a seed:
 - `mqar`: multi-query associative recall. `<s> aXbQcZ|bQaX`: key/value pairs, then queries; the
   answers are the values after each queried key.
 - `passkey`: keyed retrieval in a haystack of a configurable total length. Several needles
-  `Key q is 83920.` (distinct key letters, random digits) and distractor numbers `Room 51734.`
-  sit at random depths in filler text; the question names one key (`What is key q? Key q is `)
+  `Key Q is 83920.` (distinct capital key letters found nowhere else in the example, random digits) and distractor numbers `Room 51734.`
+  sit at random depths in filler text; the question names one key (`What is key Q? Key Q is `)
   and the answer is that key's digits, so neither "copy the only number" nor "copy the last
   number" solves it.
 - `selective_copy`: data tokens scattered among noise `.` tokens; after `|` the answer is the data
@@ -40,6 +40,10 @@ DIGITS = string.digits
 NOISE_CHAR = "."
 SEPARATOR = "|"
 PASSKEY_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+PASSKEY_TEMPLATE = " Key  is . Room . What is key ? "
+# Needle keys: capital letters that occur nowhere else in a passkey example (not in the filler, not in the
+# template words), so a key is one unambiguous token and matching it is the retrieval the task tests.
+NEEDLE_KEY_CHARS = "".join(c for c in VALUE_CHARS if c not in PASSKEY_FILLER + PASSKEY_TEMPLATE)
 TEXT_FILE_BUILDERS = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json"}
 TEXT_FILE_BUILDERS.update({".csv": "csv", ".parquet": "parquet"})
 
@@ -111,17 +115,19 @@ def passkey_examples(
 ) -> list[dict[str, Any]]:
     """Keyed pass-key retrieval filling exactly `seq_len` tokens (BOS included).
 
-    `num_needles` statements `Key <letter> is <digits>.` with distinct letters and `num_distractors`
+    `num_needles` statements `Key <letter> is <digits>.` with distinct capital letters (`NEEDLE_KEY_CHARS`) and `num_distractors`
     numbers `Room <digits>.` (same digit count) are inserted at uniform random depths of the filler;
     the question asks for one of the needles' keys, uniformly chosen."""
-    if not 1 <= num_needles <= len(KEY_CHARS):
-        raise ValueError(f"passkey num_needles={num_needles} must be in [1, {len(KEY_CHARS)}] (one letter per key).")
+    if not 1 <= num_needles <= len(NEEDLE_KEY_CHARS):
+        raise ValueError(
+            f"passkey num_needles={num_needles} must be in [1, {len(NEEDLE_KEY_CHARS)}] (one letter per key)."
+        )
     if num_distractors < 0 or num_digits < 1:
         raise ValueError(f"passkey num_distractors={num_distractors} must be >= 0 and num_digits={num_digits} >= 1.")
     rng = random.Random(f"passkey-{seed}")
     out = []
     for _ in range(num_examples):
-        letters = rng.sample(KEY_CHARS, num_needles)
+        letters = rng.sample(NEEDLE_KEY_CHARS, num_needles)
         codes = ["".join(rng.choice(DIGITS) for _ in range(num_digits)) for _ in letters]
         pieces = [f" Key {letter} is {code}." for letter, code in zip(letters, codes)]
         pieces += [
