@@ -84,7 +84,10 @@ SIZES = {
                 steps=300, batch=64, lr=1e-3, params={"num_pairs": 4, "num_queries": 8, "query_replacement": True}
             ),
             "passkey": TaskBudget(
-                steps=2000, batch=32, lr=1e-3, params={"length": 96, "num_needles": 2, "num_distractors": 2}
+                steps=1200,
+                batch=32,
+                lr=1e-3,
+                params={"length": 80, "num_needles": 2, "num_distractors": 2, "num_digits": 3, "compact": True},
             ),
             "selective_copy": TaskBudget(steps=300, batch=64, lr=1e-3, params={"num_tokens": 4, "num_positions": 12}),
             "spiral": TaskBudget(steps=400, batch=64, lr=1e-3, params={"num_points": 24}),
@@ -149,7 +152,6 @@ CLAIM_RUNS = {
     ("zpx_full", "passkey"),
     ("softmax_srpe", "passkey"),
 }
-LATE_TASKS = ("passkey",)  # the longest sequences: several times the step cost of the other tasks
 
 
 def machine() -> str:
@@ -188,16 +190,14 @@ def current_rows(rows: list[dict[str, Any]], spec: SizeSpec) -> list[dict[str, A
 
 
 def plan(spec: SizeSpec, variants: list[str], tasks: list[str], seeds: int) -> list[tuple[str, str, int]]:
-    """Job order: the expensive LATE_TASKS after all others; within each group the baseline first (every seed:
-    it is the calibration check), then the runs that decide a seed claim (CLAIM_RUNS), then the rest; within
-    those, families by cost (ZPX family, PCT, Versor last), seed, task. The baseline runs before any
-    wall-clock-matched row that needs its times."""
+    """Job order: the baseline first (every seed: it is the calibration check), then the runs that decide a seed
+    claim (CLAIM_RUNS), then the rest; within those, families by cost (ZPX family, PCT, Versor last), seed, task.
+    The baseline runs before any wall-clock-matched row that needs its times."""
     keyed = []
     for variant in variants:
         for seed in range(seeds):
             for task in tasks:
                 key = (
-                    task in LATE_TASKS,
                     variant != "baseline",
                     (variant, task) not in CLAIM_RUNS,
                     ORDER[family_of(variant)],

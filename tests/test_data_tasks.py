@@ -115,6 +115,21 @@ def test_passkey_needles_and_distractors_are_configurable_and_minimum_length_is_
         passkey_examples(1, seed=0, seq_len=300, num_needles=0)
 
 
+def test_compact_passkey_puts_each_key_next_to_its_number_and_the_key_nowhere_else():
+    for example in passkey_examples(
+        8, seed=3, seq_len=80, num_needles=2, num_distractors=2, num_digits=3, compact=True
+    ):
+        _check_layout(example, 80)
+        text = ids_to_text(example["input_ids"])
+        needles = dict(re.findall(r"([A-Z])(\d{3})\.", text))
+        asked = re.search(r" What is ([A-Z])\? ([A-Z])(\d{3})$", text)
+        assert len(needles) == 2 and asked and asked.group(1) == asked.group(2)
+        assert _answers(example) == needles[asked.group(1)] == asked.group(3)
+        assert len(re.findall(r"(?<![A-Z\d])(\d{3})\.", text)) == 2  # the two bare distractor numbers
+        for key in needles:  # a key occurs only in its needle and, if asked, the question
+            assert text.count(key) == (3 if key == asked.group(1) else 1)
+
+
 def test_selective_copy_answers_are_the_data_tokens_in_order():
     for example in selective_copy_examples(20, seed=2, num_tokens=5, num_positions=20):
         _check_layout(example)

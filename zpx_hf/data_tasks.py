@@ -10,10 +10,11 @@ deterministic given a seed:
 - `mqar`: multi-query associative recall. `<s> aXbQcZ|bQaX`: key/value pairs, then queries; the
   answers are the values after each queried key.
 - `passkey`: keyed retrieval in a haystack of a configurable total length. Several needles
-  `Key Q is 83920.` (distinct capital key letters found nowhere else in the example, random digits) and distractor numbers `Room 51734.`
-  sit at random depths in filler text; the question names one key (`What is key Q? Key Q is `)
-  and the answer is that key's digits, so neither "copy the only number" nor "copy the last
-  number" solves it.
+  `Key Q is 83920.` (distinct capital key letters found nowhere else in the example, random digits)
+  and distractor numbers `Room 51734.` sit at random depths in filler text; the question names one
+  key (`What is key Q? Key Q is `) and the answer is that key's digits, so neither "copy the only
+  number" nor "copy the last number" solves it. `compact=True`: needles `Q839.`, distractors `517.`,
+  question `What is Q? Q`.
 - `selective_copy`: data tokens scattered among noise `.` tokens; after `|` the answer is the data
   tokens in order.
 
@@ -112,12 +113,15 @@ def passkey_examples(
     pad_to: int | None = None,
     num_needles: int = 3,
     num_distractors: int = 2,
+    compact: bool = False,
 ) -> list[dict[str, Any]]:
     """Keyed pass-key retrieval filling exactly `seq_len` tokens (BOS included).
 
-    `num_needles` statements `Key <letter> is <digits>.` with distinct capital letters (`NEEDLE_KEY_CHARS`) and `num_distractors`
-    numbers `Room <digits>.` (same digit count) are inserted at uniform random depths of the filler;
-    the question asks for one of the needles' keys, uniformly chosen."""
+    `num_needles` statements `Key <letter> is <digits>.` with distinct capital letters (`NEEDLE_KEY_CHARS`) and
+    `num_distractors` numbers `Room <digits>.` (same digit count) are inserted at uniform random depths of the
+    filler; the question (`What is key <letter>? Key <letter> is `) asks for one needle's key, uniformly chosen.
+    `compact=True` writes a needle as `<letter><digits>.`, a distractor as `<digits>.` and the question as
+    `What is <letter>? <letter>`: the key sits next to its number, the form a 2-layer model learns quickly."""
     if not 1 <= num_needles <= len(NEEDLE_KEY_CHARS):
         raise ValueError(
             f"passkey num_needles={num_needles} must be in [1, {len(NEEDLE_KEY_CHARS)}] (one letter per key)."
@@ -129,13 +133,15 @@ def passkey_examples(
     for _ in range(num_examples):
         letters = rng.sample(NEEDLE_KEY_CHARS, num_needles)
         codes = ["".join(rng.choice(DIGITS) for _ in range(num_digits)) for _ in letters]
-        pieces = [f" Key {letter} is {code}." for letter, code in zip(letters, codes)]
+        needle, distractor = (" {}{}.", " {}.") if compact else (" Key {} is {}.", " Room {}.")
+        pieces = [needle.format(letter, code) for letter, code in zip(letters, codes)]
         pieces += [
-            " Room " + "".join(rng.choice(DIGITS) for _ in range(num_digits)) + "." for _ in range(num_distractors)
+            distractor.format("".join(rng.choice(DIGITS) for _ in range(num_digits))) for _ in range(num_distractors)
         ]
         rng.shuffle(pieces)
         asked = rng.randrange(num_needles)
-        question = f" What is key {letters[asked]}? Key {letters[asked]} is "
+        key = letters[asked]
+        question = f" What is {key}? {key}" if compact else f" What is key {key}? Key {key} is "
         filler_len = seq_len - 1 - sum(map(len, pieces)) - len(question) - num_digits
         if filler_len < 0:
             minimum = seq_len - filler_len
