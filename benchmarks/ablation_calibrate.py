@@ -119,6 +119,18 @@ TRIALS: dict[str, tuple[str, TaskBudget, dict[str, int], str]] = {
         {},
         "as needle_96 with 3-digit numbers, length 80",
     ),
+    "needle_compact_80": (
+        "passkey",
+        TaskBudget(
+            steps=2000,
+            batch=32,
+            lr=1e-3,
+            params={"length": 80, "num_needles": 2, "num_distractors": 2, "num_digits": 3, "compact": True},
+        ),
+        {},
+        "compact keyed needle: `Q839.` needles (capital key next to its 3-digit number), 2 needles + 2 bare "
+        "distractor numbers, question `What is Q? Q`, length 80",
+    ),
     "copy_t4p12": (
         "selective_copy",
         TaskBudget(steps=1500, batch=64, lr=1e-3, params={"num_tokens": 4, "num_positions": 12}),
@@ -243,15 +255,19 @@ def main(argv: list[str] | None = None) -> None:
         render()
 
 
-CHOSEN = {"mqar": "mqar_p4q8r", "passkey": "passkey_96"}
+CHOSEN = {"mqar": "mqar_p4q8r", "passkey": "needle_compact_80"}
 NOTES = {
     "mqar": "every key asked exactly once (`mqar_p4q4`, the earlier setting) lets a model score about 0.55 by "
     "answering a value not yet given; the earlier calibration found the baseline on that plateau for thousands of "
     "steps (0.81 after 6,500). Drawing queries with replacement removes the shortcut and the baseline learns the "
     "recall by step 200.",
-    "passkey": "the keyed needle (2 needles, 2 distractor numbers, length 96) is learned slowly: answer-digit "
-    "accuracy rose steadily but reached only 0.59 after 800 steps, so the 2,000-step budget is an extrapolation of "
-    "that curve, not yet confirmed; its per-seed result above is the confirmation.",
+    "passkey": "the statement form (`Key q is 83920.`, 2 needles + 2 `Room` numbers, length 96) was learned slowly: "
+    "0.59 answer-digit accuracy after 800 steps with lowercase keys (which also occur in the filler); capital keys "
+    "found nowhere else (`needle_96`, `needle_80_d3`) and lr 3e-3 (`passkey_96_lr3`, `passkey_80_d3_lr3`) did not "
+    "change that within 500-800 steps (3-digit numbers plateaued at 0.50: the model copies a needle but not the "
+    "named one). Written compactly, the key next to its number (`needle_compact_80`), the baseline learns the keyed "
+    "retrieval: a 2-layer model matches the key with one previous-token (induction) step instead of reaching back "
+    "past `is`. The medium suite trains 1,200 steps.",
     "selective_copy / spiral / text / nbody": "budgets from the earlier calibration (selective copying reached 0.9 "
     "by step 200) and the cost per step here; the baseline's per-seed results above are the check.",
 }
