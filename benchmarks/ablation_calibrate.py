@@ -265,7 +265,7 @@ NOTES = {
     "0.59 answer-digit accuracy after 800 steps with lowercase keys (which also occur in the filler); capital keys "
     "found nowhere else (`needle_96`, `needle_80_d3`) and lr 3e-3 (`passkey_96_lr3`, `passkey_80_d3_lr3`) did not "
     "change that within 500-800 steps (3-digit numbers plateaued at 0.50: the model copies a needle but not the "
-    "named one). Written compactly, the key next to its number (`needle_compact_80`), the baseline learns the keyed "
+    "named one; these four were stopped by hand and left no line in the trials file). Written compactly, the key next to its number (`needle_compact_80`), the baseline learns the keyed "
     "retrieval: a 2-layer model matches the key with one previous-token (induction) step instead of reaching back "
     "past `is`. The medium suite trains 1,200 steps.",
     "selective_copy / spiral / text / nbody": "budgets from the earlier calibration (selective copying reached 0.9 "
