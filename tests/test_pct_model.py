@@ -93,6 +93,38 @@ def test_padding_tokens_are_invisible():
     torch.testing.assert_close(a, alone, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_cached_decoding_equals_full_forward_float64(implementation):
+    """A 70-token prefill (Gauss's three GEMMs in every projection) then one token per step (the stacked-row
+    GEMM with its kept weight): the logits of the full forward; and the full forward's gradients equal the
+    reference attention's (`eager`)."""
+    from zpx_hf.modeling_complex import GAUSS_MIN_ROWS
+
+    torch.manual_seed(0)
+    model = PCTForCausalLM(tiny_config(attention_bias=True, mlp_bias=True)).double()
+    model.config._attn_implementation = implementation
+    ids = torch.randint(3, 61, (2, 74))
+    prefill = 70
+    assert 2 * prefill >= GAUSS_MIN_ROWS
+    with torch.no_grad():
+        full = model(input_ids=ids).logits
+        out = model(input_ids=ids[:, :prefill], use_cache=True)
+        steps = [out.logits]
+        for index in range(prefill, ids.shape[1]):
+            out = model(input_ids=ids[:, index : index + 1], past_key_values=out.past_key_values, use_cache=True)
+            steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-10)
+
+    grads = {}
+    for name in ("sdpa", "eager"):
+        model.config._attn_implementation = name
+        model.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads[name] = [p.grad.clone() for p in model.parameters()]
+    for one, two in zip(grads["sdpa"], grads["eager"]):
+        torch.testing.assert_close(one, two, rtol=0, atol=1e-10)
+
+
 def test_lora_on_complex_projections_trains_and_merges():
     peft = pytest.importorskip("peft")
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
 """PCT attention ops: naive vs a complex float64 formula, tiled and Triton (interpreter) vs naive on one
-grid, the dispatch, bf16 autocast, and ComplexLinear's one-GEMM form (plain and under PEFT LoRA)."""
+grid, the dispatch, bf16 autocast, and ComplexLinear's fast paths (plain and under PEFT LoRA)."""
 
 import subprocess
 import sys
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from zpx_hf import ops_pct_tiled
-from zpx_hf.modeling_complex import BLOCK_GEMM_MIN_TOKENS, ComplexLinear
+from zpx_hf.modeling_complex import GAUSS_MIN_ROWS, ComplexLinear, complex_linear
 from zpx_hf.ops_pct import HAS_TRITON, PCT_KERNELS, pct_attention, pct_attention_weights, resolve_kernel
 from zpx_hf.ops_pct_naive import pct_attention_naive
 from zpx_hf.ops_pct_tiled import pct_attention_tiled
@@ -242,7 +242,8 @@ def test_triton_cuda_half_precision(dtype, length):
     assert_close_scaled(run(pct_attention, inputs, mask, grad, True), expected, 2e-2)
 
 
-# ComplexLinear: one GEMM with [[A, -B], [B, A]] vs the two-GEMM definition
+# ComplexLinear: Gauss's three GEMMs (many rows), the stacked-row GEMM (few rows) and the block weight (autocast,
+# half precision) vs the two-GEMM definition through the sub-modules
 
 
 def complex_linear_formula(linear, z):
@@ -256,7 +257,7 @@ def complex_linear_formula(linear, z):
     return torch.cat((out.real, out.imag), dim=-1)
 
 
-def block_path_only(linear, z):
+def fast_path_only(linear, z):
     """linear(z) with the sub-module path shadowed by None, so taking it raises."""
     linear.forward_submodules = None
     try:
@@ -266,24 +267,49 @@ def block_path_only(linear, z):
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_complex_linear_one_gemm_equals_two_gemm_float64(bias):
+@pytest.mark.parametrize("rows", [3, GAUSS_MIN_ROWS + 1], ids=["stacked", "gauss"])
+def test_complex_linear_paths_equal_two_gemm_float64(bias, rows):
     torch.manual_seed(0)
     linear = ComplexLinear(6, 5, bias=bias).double()
     if bias:
         torch.nn.init.normal_(linear.real.bias)
         torch.nn.init.normal_(linear.imag.bias)
-    tokens = BLOCK_GEMM_MIN_TOKENS  # enough rows for the block GEMM
-    z = torch.randn(2, tokens // 2 + 1, 12, dtype=torch.float64)
-    grad = torch.randn(2, tokens // 2 + 1, 10, dtype=torch.float64)
+    z = torch.randn(rows, 12, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(rows, 10, dtype=torch.float64)
     results = []
-    for fn in (lambda z: block_path_only(linear, z), linear.forward_submodules):
+    for fn in (lambda z: fast_path_only(linear, z), linear.forward_submodules):
         out = fn(z)
-        results.append([out] + list(torch.autograd.grad((out * grad).sum(), list(linear.parameters()))))
+        results.append([out] + list(torch.autograd.grad((out * grad).sum(), [z, *linear.parameters()])))
     for one, two in zip(*results):
-        torch.testing.assert_close(one, two, rtol=0, atol=1e-13)
-    torch.testing.assert_close(results[0][0], complex_linear_formula(linear, z), rtol=0, atol=1e-13)
-    few = z[:1, :3]  # a decoding step takes the sub-module path: the same map
-    torch.testing.assert_close(linear(few), complex_linear_formula(linear, few), rtol=0, atol=1e-13)
+        torch.testing.assert_close(one, two, rtol=0, atol=1e-12)
+    torch.testing.assert_close(results[0][0], complex_linear_formula(linear, z.detach()), rtol=0, atol=1e-12)
+    with torch.no_grad():  # the no-grad path (a kept weight when stacked)
+        torch.testing.assert_close(linear(z), results[0][0], rtol=0, atol=1e-12)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the block weight through autocast's F.linear
+        low = linear.float()(z.float())
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.double(), results[0][0].detach(), rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("rows", [2, GAUSS_MIN_ROWS], ids=["stacked", "gauss"])
+def test_fused_complex_linear_equals_each_layer_float64(rows):
+    """q, k, v as one map: [re_q re_k re_v | im_q im_k im_v], the same values and gradients as each layer."""
+    torch.manual_seed(0)
+    layers = tuple(ComplexLinear(6, width, bias=True).double() for width in (5, 3, 4))
+    for layer in layers:
+        for parameter in layer.parameters():
+            torch.nn.init.normal_(parameter)
+    z = torch.randn(1, rows, 12, dtype=torch.float64, requires_grad=True)
+    parts = [layer.forward_submodules(z).unflatten(-1, (2, -1)) for layer in layers]
+    expected = torch.cat(parts, dim=-1).flatten(-2)
+    fused = complex_linear(z, layers)
+    grad = torch.randn_like(expected)
+    params = [z] + [p for layer in layers for p in layer.parameters()]
+    for one, two in zip(
+        (fused, *torch.autograd.grad((fused * grad).sum(), params)),
+        (expected, *torch.autograd.grad((expected * grad).sum(), params)),
+    ):
+        torch.testing.assert_close(one, two, rtol=0, atol=1e-12)
 
 
 def test_complex_linear_under_peft_lora_calls_the_adapters():
@@ -300,7 +326,7 @@ def test_complex_linear_under_peft_lora_calls_the_adapters():
             return self.second(self.first(z))
 
     base = Stack().double()
-    z = torch.randn(BLOCK_GEMM_MIN_TOKENS + 5, 12, dtype=torch.float64)
+    z = torch.randn(GAUSS_MIN_ROWS + 5, 12, dtype=torch.float64)
     before = base(z)
     config = peft.LoraConfig(r=2, lora_alpha=4, target_modules=["real", "imag"], init_lora_weights=False)
     model = peft.get_peft_model(base, config)
@@ -308,9 +334,9 @@ def test_complex_linear_under_peft_lora_calls_the_adapters():
     assert type(model.base_model.model.first.real) is not torch.nn.Linear  # wrapped: the sub-module path
     assert (adapted - before).abs().max() > 1e-3  # the adapters change the result
     merged = model.merge_and_unload()
-    assert type(merged.first.real) is torch.nn.Linear  # plain again: the one-GEMM path
+    assert type(merged.first.real) is torch.nn.Linear  # plain again: the fast path
     torch.testing.assert_close(merged(z), adapted, rtol=0, atol=1e-12)
-    torch.testing.assert_close(block_path_only(merged.first, z), merged.first.forward_submodules(z), rtol=0, atol=1e-12)
+    torch.testing.assert_close(fast_path_only(merged.first, z), merged.first.forward_submodules(z), rtol=0, atol=1e-12)
     torch.testing.assert_close(merged.first(z), complex_linear_formula(merged.first, z), rtol=0, atol=1e-12)
 
 
@@ -323,8 +349,8 @@ def test_complex_linear_hooks_on_sub_modules_see_the_inputs():
     assert seen and seen[0] == (2, 2, 4)  # the stacked (x, y)
 
 
-def test_complex_linear_inference_block_follows_weight_changes():
-    """Without gradients the block weight is reused; in-place updates and new tensors must show."""
+def test_complex_linear_inference_weight_follows_weight_changes():
+    """Without gradients the stacked weight [A; B]^T is reused; in-place updates and new tensors must show."""
     torch.manual_seed(0)
     linear = ComplexLinear(4, 3, bias=True).double()
     z = torch.randn(2, 8, dtype=torch.float64)

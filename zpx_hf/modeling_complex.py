@@ -5,8 +5,8 @@ laid out `[re | im]` = `[x_1..x_n, y_1..y_n]` on the last dimension. Torch compl
 avoided on purpose: they break bf16, autocast, SDPA and `torch.compile`.
 
 * `ComplexLinear`      W z + c with W = A + iB as two real `nn.Linear` sub-modules `real` (A)
-                       and `imag` (B), so PEFT/LoRA can target them by name; computed as one GEMM
-                       with the real block weight [[A, -B], [B, A]].
+                       and `imag` (B), so PEFT/LoRA can target them by name; computed by
+                       `complex_linear` (Gauss's three GEMMs, or one stacked-row GEMM when decoding).
 * `ComplexEmbedding`   token -> complex vector (one `nn.Embedding` row `[re | im]`).
 * `ComplexRMSNorm`     z * w / sqrt(mean_m |z_m|^2 + eps), real gain w: rescales, keeps phases.
 * `ModReLU`            relu(|z| + b) z / |z|: a phase-preserving nonlinearity.
@@ -52,22 +52,127 @@ def complex_rotate(z: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     return (pairs * cos + pairs.flip(-2) * signed_sin).flatten(-2)
 
 
-BLOCK_GEMM_MIN_TOKENS = 64  # with gradients, fewer rows: two GEMMs on A, B beat building [[A, -B], [B, A]]
+GAUSS_MIN_ROWS = 64  # from this many input rows (float32/64), three GEMMs beat the block weight's four
+_GAUSS_DTYPES = (torch.float32, torch.float64)  # half precisions keep the one-rounding block GEMM
+
+
+class _GaussComplexMatmul(torch.autograd.Function):
+    """z [M, 2n] = [x | y] times W = A + iB (A, B [N, n]) -> [M, 2N] = [Ax - By | Bx + Ay] in three real GEMMs
+    (Gauss's trick):  k = (x + y) A^T,  re = k - y (A + B)^T,  im = k + x (B - A)^T.
+
+    Backward, g = [g_re | g_im], gs = g_re + g_im, the same trick on W^H g and on g^T conj(z):
+        dz = [k' - g_im (A - B) | k' - g_re (A + B)],   k' = gs A
+        dA = kk - g_im^T (x - y),   dB = kk - g_re^T (x + y),   kk = gs^T x
+    Nine GEMMs per step where the block weight [[A, -B], [B, A]] costs twelve GEMMs' worth.
+    """
+
+    @staticmethod
+    def forward(ctx, z, a, b):
+        n = a.shape[1]
+        x, y = z[:, :n], z[:, n:]
+        s = x + y
+        k = torch.mm(s, a.t())
+        re = torch.addmm(k, y, (a + b).t(), alpha=-1)
+        im = torch.addmm(k, x, (b - a).t())
+        ctx.save_for_backward(z, a, b, s)
+        return torch.cat((re, im), dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        z, a, b, s = ctx.saved_tensors
+        n, n_out = a.shape[1], a.shape[0]
+        g_re, g_im = grad[:, :n_out], grad[:, n_out:]
+        gs = g_re + g_im
+        dz = da = db = None
+        if ctx.needs_input_grad[0]:
+            k = torch.mm(gs, a)
+            dz = torch.cat((torch.addmm(k, g_im, a - b, alpha=-1), torch.addmm(k, g_re, a + b, alpha=-1)), dim=-1)
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            x, y = z[:, :n], z[:, n:]
+            kk = torch.mm(gs.t(), x)
+            da = torch.addmm(kk, g_im.t(), x - y, alpha=-1)
+            db = torch.addmm(kk, g_re.t(), s, alpha=-1)
+        return dz, da, db
+
+
+def complex_matmul_gauss(z: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[..., 2n] = [x | y] -> [..., 2N] = [Ax - By | Bx + Ay] in three GEMMs (`_GaussComplexMatmul`)."""
+    out = _GaussComplexMatmul.apply(z.reshape(-1, z.shape[-1]), a, b)
+    return out.view(*z.shape[:-1], out.shape[-1])
+
+
+def complex_matmul_stacked(z: torch.Tensor, weight_t: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
+    """The same map for few rows (decoding): the rows x, y share one GEMM with weight_t = [A; B]^T [n, 2N], so
+    A and B are read once (a GEMV on the block weight reads 4 n N values, this 2 n N):
+
+        [x; y] [A; B]^T = [[Ax, Bx], [Ay, By]],   out = [Ax, Bx] + sign [By, Ay],   sign = [[-1], [1]]
+    """
+    n, n_out = weight_t.shape[0], weight_t.shape[1] // 2
+    r = torch.mm(z.reshape(-1, n), weight_t).view(-1, 2, 2, n_out)  # [M, (x, y), (A, B), N]
+    out = torch.addcmul(r[:, 0], r[:, 1].flip(-2), sign)
+    return out.view(*z.shape[:-1], 2 * n_out)
+
+
+def _complex_bias(layers: tuple[ComplexLinear, ...]) -> torch.Tensor | None:
+    """c = (a - b) + i(a + b) of every layer, laid out [re_1 re_2 ... | im_1 im_2 ...]; None without biases."""
+    if layers[0].real.bias is None:
+        return None
+    a = torch.cat([m.real.bias for m in layers]) if len(layers) > 1 else layers[0].real.bias
+    b = torch.cat([m.imag.bias for m in layers]) if len(layers) > 1 else layers[0].imag.bias
+    return torch.cat((a - b, a + b))
+
+
+def _stacked_weights(layers: tuple[ComplexLinear, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """([A_1; A_2; ...; B_1; B_2; ...]^T [n, 2N], sign [[-1], [1]]) for `complex_matmul_stacked`."""
+    weight = torch.cat([m.real.weight for m in layers] + [m.imag.weight for m in layers])
+    sign = torch.tensor([[-1.0], [1.0]], dtype=dtype, device=weight.device)
+    return weight.t(), sign
+
+
+def complex_linear(z: torch.Tensor, layers: tuple[ComplexLinear, ...]) -> torch.Tensor:
+    """Plain `ComplexLinear`s with one input width as one map: [..., 2n] -> [..., 2 (N_1 + N_2 + ...)] laid out
+    [re_1 re_2 ... | im_1 im_2 ...] (one layer: `layer(z)`; q, k, v: one projection, keys unchanged).
+
+    Many rows in float32/64: Gauss's three GEMMs. Few rows: one GEMM on the stacked rows (x, y), its weight
+    [A; B]^T kept without gradients until a weight or bias changes (in place or a new tensor); that copy
+    holds as many values as the layers' parameters. Under autocast or in half precision: the block weight
+    [[A, -B], [B, A]] in one autocast-aware `F.linear`.
+    """
+    params = [p for m in layers for p in (m.real.weight, m.imag.weight, m.real.bias, m.imag.bias) if p is not None]
+    grad = torch.is_grad_enabled() and any(p.requires_grad for p in params)
+    rows = z.numel() // z.shape[-1]
+    if torch.is_autocast_enabled(z.device.type) or z.dtype not in _GAUSS_DTYPES:
+        a = torch.cat([m.real.weight for m in layers]) if len(layers) > 1 else layers[0].real.weight
+        b = torch.cat([m.imag.weight for m in layers]) if len(layers) > 1 else layers[0].imag.weight
+        weight = torch.cat((torch.cat((a, -b), dim=1), torch.cat((b, a), dim=1)))  # [[A, -B], [B, A]]
+        return F.linear(z, weight, _complex_bias(layers))
+    if rows >= GAUSS_MIN_ROWS:
+        a = torch.cat([m.real.weight for m in layers]) if len(layers) > 1 else layers[0].real.weight
+        b = torch.cat([m.imag.weight for m in layers]) if len(layers) > 1 else layers[0].imag.weight
+        out, bias = complex_matmul_gauss(z, a, b), _complex_bias(layers)
+        return out if bias is None else out + bias
+    if grad:
+        weight_t, sign = _stacked_weights(layers, z.dtype)
+        bias = _complex_bias(layers)
+    else:
+        owner = layers[0]
+        key = (len(layers), *((p.data_ptr(), p._version, p.dtype, p.device) for p in params))
+        if owner._inference_cache is None or owner._inference_cache[0] != key:
+            with torch.no_grad():
+                weight_t, sign = _stacked_weights(layers, z.dtype)
+                owner._inference_cache = (key, weight_t.contiguous(), sign, _complex_bias(layers))
+        _, weight_t, sign, bias = owner._inference_cache
+    out = complex_matmul_stacked(z, weight_t, sign)
+    return out if bias is None else out + bias
 
 
 class ComplexLinear(nn.Module):
     """Complex affine map W z + c with W = A + iB.
 
-    (A + iB)(x + iy) = (Ax - By) + i(Bx + Ay): on z = [x | y] that is one real GEMM with the block
-    weight [[A, -B], [B, A]]. `real` holds A, `imag` holds B (plain `nn.Linear`s, so checkpoints and
-    PEFT target names stay `real` / `imag`). With `bias=True` the complex bias is c = (a - b) + i(a + b)
-    for the sub-modules' real biases a, b (a bijective parameterisation of C^n).
-
-    With gradients on, the block weight is built per call (autograd sums its four blocks back into A and
-    B); below `BLOCK_GEMM_MIN_TOKENS` input rows that costs more than the GEMM, so two GEMMs on A and B
-    run instead. With gradients off (generation) the block weight is kept and reused until A, B or the
-    biases change (in-place updates or new tensors), so a decoding step is one GEMM; that copy doubles
-    these layers' weight memory while in use.
+    (A + iB)(x + iy) = (Ax - By) + i(Bx + Ay) on z = [x | y]. `real` holds A, `imag` holds B (plain
+    `nn.Linear`s, so checkpoints and PEFT target names stay `real` / `imag`). With `bias=True` the complex
+    bias is c = (a - b) + i(a + b) for the sub-modules' real biases a, b (a bijective parameterisation of C^n).
+    The map runs through `complex_linear` (three GEMMs for many rows, one stacked-row GEMM for few).
 
     When a sub-module is no longer a plain hook-free `nn.Linear` (a PEFT/LoRA layer, a parametrisation,
     an FSDP unit, a hook), the forward calls the sub-modules instead, each applied once to the stacked
@@ -80,34 +185,18 @@ class ComplexLinear(nn.Module):
         self.out_features = out_features
         self.real = nn.Linear(in_features, out_features, bias=bias)
         self.imag = nn.Linear(in_features, out_features, bias=bias)
-        self._inference_block = None  # (key, weight, bias) of the last no-grad block weight
+        self._inference_cache = None  # (key, weight_t, sign, bias) of `complex_linear`'s no-grad stacked GEMM
 
-    def _plain_linears(self) -> bool:
+    def plain(self) -> bool:
+        """Both sub-modules plain hook-free `nn.Linear`s (else `forward_submodules` runs)."""
         return all(
             type(m) is nn.Linear and not (m._forward_hooks or m._forward_pre_hooks) for m in (self.real, self.imag)
         )
 
-    def _build_block(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        a, b = self.real.weight, self.imag.weight
-        weight = torch.cat((torch.cat((a, -b), dim=1), torch.cat((b, a), dim=1)))  # [[A, -B], [B, A]]
-        bias = None
-        if self.real.bias is not None:
-            bias = torch.cat((self.real.bias - self.imag.bias, self.real.bias + self.imag.bias))
-        return weight, bias
-
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        if not self._plain_linears():
+        if not self.plain():
             return self.forward_submodules(z)
-        params = [p for p in (self.real.weight, self.imag.weight, self.real.bias, self.imag.bias) if p is not None]
-        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-            if z.numel() < BLOCK_GEMM_MIN_TOKENS * z.shape[-1]:
-                return self.forward_submodules(z)
-            return F.linear(z, *self._build_block())
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
-        if self._inference_block is None or self._inference_block[0] != key:
-            with torch.no_grad():
-                self._inference_block = (key, *self._build_block())
-        return F.linear(z, *self._inference_block[1:])
+        return complex_linear(z, (self,))
 
     def forward_submodules(self, z: torch.Tensor) -> torch.Tensor:
         """The same map through the sub-modules' own forwards (two GEMMs): what adapters and hooks see."""
@@ -142,11 +231,12 @@ class ComplexRMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        input_dtype = z.dtype
-        z = upcast(z)
-        variance = 2 * z.square().mean(-1, keepdim=True)  # mean_m |z_m|^2 over n = 2 x mean over the 2n parts
-        z = z * torch.rsqrt(variance + self.variance_epsilon)
-        return (complex_pairs(z) * self.weight.to(z.dtype)).flatten(-2).to(input_dtype)  # same gain on re, im
+        z32 = upcast(z)
+        # mean_m |z_m|^2 = 2 mean over the 2n parts, so this is the real RMS norm of [re | im] with eps / 2 and
+        # the gain [w | w] / sqrt(2) (one fused op): w z / sqrt(2 (mean + eps / 2)) = w z / sqrt(mean_m |z_m|^2 + eps)
+        weight = self.weight.to(z32.dtype)
+        weight = torch.cat((weight, weight)) * 2**-0.5
+        return F.rms_norm(z32, (z32.shape[-1],), weight, self.variance_epsilon / 2).to(z.dtype)
 
     def extra_repr(self) -> str:
         return f"complex_dim={self.weight.shape[0]}, eps={self.variance_epsilon}"
@@ -165,9 +255,10 @@ class ModReLU(nn.Module):
         self.eps = eps
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        inverse = torch.rsqrt(complex_abs2(upcast(z)) + self.eps)  # 1 / |z|
+        pairs = complex_pairs(z)
+        inverse = torch.rsqrt(upcast(pairs).square().sum(-2, keepdim=True) + self.eps)  # 1 / |z|, [..., 1, n]
         scale = (inverse * upcast(self.bias)).add_(1.0).relu_()  # relu(|z| + b) / |z| = relu(1 + b / |z|)
-        return (complex_pairs(z) * scale.unsqueeze(-2).to(z.dtype)).flatten(-2)
+        return (pairs * scale.to(z.dtype)).flatten(-2)
 
     def extra_repr(self) -> str:
         return f"complex_dim={self.bias.shape[0]}"
@@ -176,6 +267,7 @@ class ModReLU(nn.Module):
 __all__ = [
     "ComplexEmbedding",
     "ComplexLinear",
+    "complex_linear",
     "ComplexRMSNorm",
     "ModReLU",
     "complex_abs2",

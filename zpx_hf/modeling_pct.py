@@ -36,7 +36,7 @@ from .modeling_common import (
     attention_implementation,
     trim_static_cache,
 )
-from .modeling_complex import ComplexEmbedding, ComplexLinear, ComplexRMSNorm, ModReLU, complex_rotate
+from .modeling_complex import ComplexEmbedding, ComplexLinear, ComplexRMSNorm, ModReLU, complex_linear
 from .ops_pct import pct_attention, pct_attention_weights
 from .ops_pct_naive import autocast_off
 from .rotary_srpe import build_rotary
@@ -83,10 +83,23 @@ ALL_ATTENTION_FUNCTIONS = AttentionInterface()
 ALL_ATTENTION_FUNCTIONS["sdpa"] = pct_attention_sdpa
 
 
-def complex_l2_normalize(z: torch.Tensor, eps: float) -> torch.Tensor:
-    """z / sqrt(sum_m |z_m|^2 + eps) over the last dim ([re | im]), computed in float32."""
-    z32 = upcast(z)
-    return (z32 * torch.rsqrt(z32.pow(2).sum(-1, keepdim=True) + eps)).to(z.dtype)
+def normalize_rotate(
+    pairs: torch.Tensor, eps: float, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None
+) -> torch.Tensor:
+    """q' = q / sqrt(sum_m |q_m|^2 + eps) * r e^{i Theta} per complex feature, in float32 at least.
+
+    `pairs` [..., B, H, L, 2, d] (row 0 re, row 1 im; queries and keys stacked in front); tables [B, L, d].
+    Rotation: [re, im] cos + [im, re] [-sin, sin] = [re cos - im sin, im cos + re sin].
+    """
+    z32 = upcast(pairs)
+    inverse = torch.rsqrt(z32.square().sum((-2, -1), keepdim=True) + eps)  # 1 / ||q||, [..., 1, 1]
+    if position_embeddings is None:
+        return (z32 * inverse).to(pairs.dtype)
+    cos, sin = position_embeddings
+    cos = cos.to(z32.dtype)[:, None, :, None, :]  # [B, 1, L, 1, d]
+    sin = sin.to(z32.dtype)[:, None, :, None, :]
+    signed_sin = torch.cat((-sin, sin), dim=-2)  # [B, 1, L, 2, d]
+    return torch.addcmul(z32 * cos, z32.flip(-2), signed_sin).mul_(inverse).to(pairs.dtype)
 
 
 class PCTAttention(nn.Module):
@@ -116,12 +129,6 @@ class PCTAttention(nn.Module):
     def temperature(self) -> torch.Tensor | float:
         return self.tau if self.tau is not None else self.fixed_tau
 
-    def _split_heads(self, z: torch.Tensor) -> torch.Tensor:
-        """[B, L, 2 H d] ([re | im] over all heads) -> [B, H, L, 2d] ([re | im] per head)."""
-        batch, length = z.shape[:2]
-        z = z.view(batch, length, 2, self.num_heads, self.head_dim)
-        return z.permute(0, 3, 1, 2, 4).reshape(batch, self.num_heads, length, 2 * self.head_dim)
-
     def _merge_heads(self, z: torch.Tensor) -> torch.Tensor:
         """[B, H, L, 2d] -> [B, L, 2 H d]."""
         batch, _, length = z.shape[:3]
@@ -137,13 +144,16 @@ class PCTAttention(nn.Module):
         output_attentions: bool = False,
         kv_length: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
-        eps = self.config.qk_norm_eps
-        query = complex_l2_normalize(self._split_heads(self.q_proj(hidden_states)), eps)
-        key = complex_l2_normalize(self._split_heads(self.k_proj(hidden_states)), eps)
-        value = self._split_heads(self.v_proj(hidden_states))
-        if position_embeddings is not None:
-            cos, sin = position_embeddings  # r cos Theta, r sin Theta per complex feature
-            query, key = complex_rotate(query, cos, sin), complex_rotate(key, cos, sin)
+        batch, length = hidden_states.shape[:2]
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        if all(projection.plain() for projection in projections):
+            qkv = complex_linear(hidden_states, projections)  # one map: [re_q re_k re_v | im_q im_k im_v]
+        else:  # adapters or hooks: each projection through its sub-modules, the same layout
+            qkv = torch.cat([p(hidden_states).unflatten(-1, (2, -1)) for p in projections], dim=-1).flatten(-2)
+        # [B, L, (re, im), (q, k, v), H, d] -> [(q, k, v), B, H, L, (re, im), d]
+        qkv = qkv.view(batch, length, 2, 3, self.num_heads, self.head_dim).permute(3, 0, 4, 1, 2, 5).contiguous()
+        query, key = normalize_rotate(qkv[:2], self.config.qk_norm_eps, position_embeddings).flatten(-2).unbind(0)
+        value = qkv[2].flatten(-2)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
             key, value = trim_static_cache(key, value, kv_length)

@@ -48,14 +48,20 @@ def _panel_gates(q_scaled, key, bias_bh, start, end, keys, offset, causal, key_p
     return _mask_panel(gate, start, end, keys, offset, causal, key_padding_mask)
 
 
+def _per_row(value: torch.Tensor, batch: int, dtype: torch.dtype) -> torch.Tensor:
+    """A per-head vector [H] as [B*H, 1, 1] (batch-major rows), in `dtype`."""
+    value = value.to(dtype)
+    return (value if batch == 1 else value.expand(batch, -1).reshape(-1)).view(-1, 1, 1)
+
+
 def _forward(query, key, value, tau, bias, key_padding_mask, causal) -> torch.Tensor:
     """out [B, H, Lq, D] panel by panel (no autograd state: the autograd forward and generation's path)."""
     batch, heads, l_q, dim = query.shape
     l_k = key.shape[2]
     acc = torch.promote_types(query.dtype, torch.float32)
     with autocast_off(query):
-        tau_bh = tau.to(acc).repeat(batch)[:, None, None]  # [B*H, 1, 1]
-        bias_bh = bias.to(acc).repeat(batch)[:, None, None]
+        tau_bh = _per_row(tau, batch, acc)
+        bias_bh = _per_row(bias, batch, acc)
         q_scaled = query.to(acc).reshape(batch * heads, l_q, dim) * tau_bh
         k = key.to(acc).reshape(batch * heads, l_k, dim)
         v = value.to(acc).reshape(batch * heads, l_k, dim)
@@ -83,8 +89,8 @@ class _PCTAttentionTiled(torch.autograd.Function):
         l_k = key.shape[2]
         acc = torch.promote_types(query.dtype, torch.float32)
         with autocast_off(query):
-            tau_bh = tau.to(acc).repeat(batch)[:, None, None]
-            bias_bh = bias.to(acc).repeat(batch)[:, None, None]
+            tau_bh = _per_row(tau, batch, acc)
+            bias_bh = _per_row(bias, batch, acc)
             q = query.to(acc).reshape(batch * heads, l_q, dim)
             q_scaled = q * tau_bh
             k = key.to(acc).reshape(batch * heads, l_k, dim)
