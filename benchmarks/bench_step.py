@@ -17,11 +17,14 @@ with `attn_implementation="sdpa"`, each family's fast path, falling back to the 
 
 Training step: forward + backward + AdamW at B=4, L=256 and L=1024 (labels = inputs). Generation: greedy
 `generate`, batch 1, a 32-token prompt, exactly 256 new tokens with the KV / recurrent cache; tokens/s =
-256 / time. Times are CPU time of the worker process (`time.process_time`; 1 torch thread), so time the
-machine spends on other processes does not count. Each measurement runs in a fresh worker process;
-inside it the models take turns (the order alternates every round) so cache and memory contention hit
-them alike; each number is the median over the rounds after a warm-up round, and ratios to Llama come
-from the same rounds.
+256 / time. Decode at long context: ms per token of 32 single-token forwards with the cache after a prefill
+of 4096 random tokens (the KV cache grows with the context, the Versor RRA state does not). Peak
+memory: growth of the peak RSS of a fresh worker holding one model over one training step at the longest L
+(model and optimizer state exist before the baseline is read). Times are CPU time of the worker process
+(`time.process_time`; 1 torch thread), so time the machine spends on other processes does not count. Each
+measurement runs in a fresh worker process; inside it the models take turns (the order alternates every
+round) so cache and memory contention hit them alike; each number is the median over the rounds after a
+warm-up round, and ratios to Llama come from the same rounds.
 Writes benchmarks/results/bench_step.md and bench_step.csv (not with --quick).
 """
 
@@ -41,9 +44,11 @@ from measure import run_worker  # benchmarks/measure.py
 RESULTS = Path(__file__).resolve().parent / "results"
 FAMILIES = ("zpx", "pct", "versor-rra", "versor-gpa", "versor-hybrid")
 FULL = {"hidden": 256, "intermediate": 688, "layers": 4, "heads": 4, "batch": 4, "lengths": [256, 1024],
-        "prompt": 32, "new_tokens": 256, "train_rounds": 6, "generate_rounds": 6}  # fmt: skip
+        "prompt": 32, "new_tokens": 256, "train_rounds": 6, "generate_rounds": 6,
+        "contexts": [4096], "decode_tokens": 32, "decode_rounds": 3}  # fmt: skip
 QUICK = {"hidden": 64, "intermediate": 172, "layers": 2, "heads": 2, "batch": 2, "lengths": [32],
-         "prompt": 8, "new_tokens": 8, "train_rounds": 3, "generate_rounds": 3}  # fmt: skip
+         "prompt": 8, "new_tokens": 8, "train_rounds": 3, "generate_rounds": 3,
+         "contexts": [64], "decode_tokens": 4, "decode_rounds": 2}  # fmt: skip
 VOCAB = 260
 
 
@@ -140,8 +145,9 @@ def build_all(names: list[str], size: dict) -> tuple[dict, dict]:
     return models, errors
 
 
-def interleaved(run: dict, rounds: int) -> tuple[dict, dict]:
-    """({name: [seconds per round after the first]}, {name: error}); the order alternates every round."""
+def interleaved(run: dict, rounds: int, timed_inside: bool = False) -> tuple[dict, dict]:
+    """({name: [seconds per round after the first]}, {name: error}); the order alternates every round. With
+    `timed_inside` each run returns its own measured seconds (the part after its untimed set-up)."""
     names = list(run)
     times: dict[str, list[float]] = {name: [] for name in names}
     errors: dict[str, str] = {}
@@ -151,12 +157,12 @@ def interleaved(run: dict, rounds: int) -> tuple[dict, dict]:
                 continue
             start = time.process_time()  # CPU time of this process: other processes' load does not count
             try:
-                run[name]()
+                inside = run[name]()
             except Exception as error:  # noqa: BLE001
                 errors[name] = f"{type(error).__name__}: {error}"[:200]
                 continue
             if index > 0:
-                times[name].append(time.process_time() - start)
+                times[name].append(inside if timed_inside else time.process_time() - start)
     return times, errors
 
 
@@ -222,6 +228,58 @@ def generate_worker(names: list[str], size: dict) -> dict:
     return summarise(times, errors, build_errors, models)
 
 
+def decode_worker(names: list[str], size: dict, context: int) -> dict:
+    """Seconds per decoded token after a `context`-token prefill (the cache is rebuilt every round)."""
+    import torch
+
+    from zpx_hf.modeling_blocks import CACHE_FIELD
+
+    torch.set_num_threads(1)
+    models, build_errors = build_all(names, size)
+    prompt = torch.randint(3, VOCAB, (1, context), generator=torch.Generator().manual_seed(0))
+    runs = {}
+    for name, model in models.items():
+        model.eval()
+
+        def run(model=model) -> float:
+            with torch.no_grad():
+                out = model(input_ids=prompt, use_cache=True)
+                cache, token = getattr(out, CACHE_FIELD), out.logits[:, -1:].argmax(-1)
+                start = time.process_time()
+                for _ in range(size["decode_tokens"]):
+                    out = model(input_ids=token, past_key_values=cache, use_cache=True)
+                    cache, token = getattr(out, CACHE_FIELD), out.logits[:, -1:].argmax(-1)
+                return (time.process_time() - start) / size["decode_tokens"]
+
+        runs[name] = run
+    times, errors = interleaved(runs, size["decode_rounds"], timed_inside=True)
+    return summarise(times, errors, build_errors, models)
+
+
+def memory_worker(name: str, size: dict, length: int) -> dict:
+    """Peak-RSS growth (bytes) of one training step of one model at batch x `length`."""
+    import torch
+    from measure import peak_rss_growth, rss_bytes
+
+    torch.set_num_threads(1)
+    models, build_errors = build_all([name], size)
+    if name in build_errors:
+        return {name: {"error": build_errors[name]}}
+    model = models[name].train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for parameter in model.parameters():  # optimizer state allocated before the baseline
+        optimizer.state[parameter] = {
+            "step": torch.tensor(0.0),
+            "exp_avg": torch.zeros_like(parameter),
+            "exp_avg_sq": torch.zeros_like(parameter),
+        }
+    ids = torch.randint(3, VOCAB, (size["batch"], length), generator=torch.Generator().manual_seed(0))
+    base = rss_bytes()
+    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    optimizer.step()
+    return {name: {"peak_bytes": peak_rss_growth(base)}}
+
+
 def report(results: dict, names: list[str], size: dict, command: str, seconds: float) -> tuple[list[str], list[dict]]:
     """Markdown lines and CSV rows: each measurement with its ratio to Llama from the same worker."""
     header = (
@@ -235,22 +293,34 @@ def report(results: dict, names: list[str], size: dict, command: str, seconds: f
     columns = [f"train L={length} ms" for length in size["lengths"]]
     columns += [f"train L={length} / Llama" for length in size["lengths"]]
     columns += ["generate tok/s", "generate / Llama"]
+    decodes = [f"decode-{context}" for context in size["contexts"]]
+    memory = f"memory-{max(size['lengths'])}"
+    columns += [f"decode @{context} ms/token" for context in size["contexts"]]
+    columns += [f"decode @{context} / Llama (speed)" for context in size["contexts"]]
+    columns += [f"train L={max(size['lengths'])} peak MiB", "peak / Llama"]
     lines = [header, "", "| model | params | " + " | ".join(columns) + " |", "|---|---:|" + "---:|" * len(columns)]
     rows = []
     for name in ["llama", *names]:
         cells, row = [], {"model": name}
         params = "-"
-        for kind in [f"train-{length}" for length in size["lengths"]] + ["generate"]:
-            result, base = results[kind].get(name, {}), results[kind].get("llama", {})
+        for kind in [f"train-{length}" for length in size["lengths"]] + ["generate", *decodes, memory]:
+            result, base = results.get(kind, {}).get(name, {}), results.get(kind, {}).get("llama", {})
             if "params" in result:
                 params = f"{result['params']:,}"
                 row["params"] = result["params"]
-            if "seconds" not in result:
+            key = "peak_bytes" if kind == memory else "seconds"
+            if key not in result:
                 row[kind] = "error: " + result.get("error", "not run")
                 continue
             if kind == "generate":
                 value = size["new_tokens"] / result["seconds"]
                 ratio = value / (size["new_tokens"] / base["seconds"]) if "seconds" in base else float("nan")
+            elif kind in decodes:  # ms per token; ratio as speed (Llama time / model time), like generation
+                value = result["seconds"] * 1e3
+                ratio = base["seconds"] / result["seconds"] if "seconds" in base else float("nan")
+            elif kind == memory:
+                value = result["peak_bytes"] / 2**20
+                ratio = result["peak_bytes"] / base["peak_bytes"] if "peak_bytes" in base else float("nan")
             else:
                 value = result["seconds"] * 1e3
                 ratio = result["seconds"] / base["seconds"] if "seconds" in base else float("nan")
@@ -260,6 +330,9 @@ def report(results: dict, names: list[str], size: dict, command: str, seconds: f
         for kind in [f"train-{length}" for length in size["lengths"]]:
             cells.append(_cell(row, kind + " ratio", "{:.2f}x"))
         cells += [_cell(row, "generate", "{:,.1f}"), _cell(row, "generate ratio", "{:.2f}x")]
+        cells += [_cell(row, kind, "{:,.2f}") for kind in decodes]
+        cells += [_cell(row, kind + " ratio", "{:.2f}x") for kind in decodes]
+        cells += [_cell(row, memory, "{:,.0f}"), _cell(row, memory + " ratio", "{:.2f}x")]
         lines.append(f"| {name} | {params} | " + " | ".join(cells) + " |")
         rows.append(row)
     errors = [f"- {name} {kind}: {row[kind]}" for row in rows for kind in row if str(row[kind]).startswith("error")]
@@ -285,7 +358,8 @@ def main() -> None:
 
     if args.worker:
         kind, names, size, *rest = json.loads(args.worker)
-        result = train_worker(names, size, *rest) if kind == "train" else generate_worker(names, size)
+        workers = {"train": train_worker, "generate": generate_worker, "decode": decode_worker}
+        result = memory_worker(names[0], size, *rest) if kind == "memory" else workers[kind](names, size, *rest)
         print(json.dumps(result))
         return
 
@@ -300,6 +374,14 @@ def main() -> None:
         print(f"train L={length}:", json.dumps(results[f"train-{length}"]), flush=True)
     results["generate"] = _worker(["generate", everyone, size])
     print("generate:", json.dumps(results["generate"]), flush=True)
+    for context in size["contexts"]:
+        results[f"decode-{context}"] = _worker(["decode", everyone, size, context])
+        print(f"decode @{context}:", json.dumps(results[f"decode-{context}"]), flush=True)
+    memory = f"memory-{max(size['lengths'])}"
+    results[memory] = {}
+    for name in everyone:  # one fresh worker per model: peak RSS is per process
+        results[memory].update(_worker(["memory", [name], size, max(size["lengths"])]))
+    print("memory:", json.dumps(results[memory]), flush=True)
     lines, rows = report(results, names, size, command.strip(), time.perf_counter() - started)
     print("\n".join(lines))
     if args.quick:
