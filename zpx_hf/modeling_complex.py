@@ -138,8 +138,7 @@ def complex_linear(z: torch.Tensor, layers: tuple[ComplexLinear, ...]) -> torch.
     holds as many values as the layers' parameters. Under autocast or in half precision: the block weight
     [[A, -B], [B, A]] in one autocast-aware `F.linear`.
     """
-    params = [p for m in layers for p in (m.real.weight, m.imag.weight, m.real.bias, m.imag.bias) if p is not None]
-    grad = torch.is_grad_enabled() and any(p.requires_grad for p in params)
+    grad = torch.is_grad_enabled() and any(p.requires_grad for m in layers for p in m.parameters())
     rows = z.numel() // z.shape[-1]
     if torch.is_autocast_enabled(z.device.type) or z.dtype not in _GAUSS_DTYPES:
         a = torch.cat([m.real.weight for m in layers]) if len(layers) > 1 else layers[0].real.weight
@@ -156,7 +155,11 @@ def complex_linear(z: torch.Tensor, layers: tuple[ComplexLinear, ...]) -> torch.
         bias = _complex_bias(layers)
     else:
         owner = layers[0]
-        key = (len(layers), *((p.data_ptr(), p._version, p.dtype, p.device) for p in params))
+        key = [len(layers), z.dtype, owner.real.weight.dtype, owner.real.weight.device]
+        for m in layers:
+            for p in (m.real.weight, m.imag.weight, m.real.bias, m.imag.bias):
+                if p is not None:
+                    key += (p.data_ptr(), p._version)
         if owner._inference_cache is None or owner._inference_cache[0] != key:
             with torch.no_grad():
                 weight_t, sign = _stacked_weights(layers, z.dtype)
