@@ -152,7 +152,10 @@ def test_remote_code_checkpoint_loads_without_zpx_hf(case, tmp_path):
     with torch.no_grad():
         expected = model(input_ids=ids).logits
     assert result["class"] == type(model).__name__
-    assert torch.equal(result["output"], expected)
+    # Same weights, same code, another process: equal up to float32 rounding (a subprocess may pick another
+    # thread count and so another summation order); the weights' bit-exact round trip is tested below.
+    tolerance = 64 * torch.finfo(expected.dtype).eps * expected.abs().max().item()
+    torch.testing.assert_close(result["output"], expected, rtol=0, atol=tolerance)
 
 
 @pytest.mark.parametrize("case", FAMILY_CASES)
