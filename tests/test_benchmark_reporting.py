@@ -105,7 +105,7 @@ def _fixed_runs():
     """Three seeds each; chosen so every verdict and claim outcome below follows by hand."""
     rows = []
     table = {
-        # variant: (mqar accuracy per seed, passkey EM @1x per seed, passkey EM @8x per seed)
+        # variant: (mqar accuracy per seed, needle answer accuracy @1x per seed, the same @8x per seed)
         "baseline": ([0.95, 0.97, 0.99], [1.0, 0.96, 0.98], [0.10, 0.20, 0.30]),
         "softmax_srpe": ([0.90, 0.92, 0.94], [0.98, 0.98, 0.98], [0.05, 0.05, 0.05]),
         "zpx_full": ([0.99, 0.99, 0.99], [0.97, 0.99, 0.98], [0.15, 0.25, 0.35]),
@@ -119,8 +119,8 @@ def _fixed_runs():
                     "variant": variant,
                     "task": "passkey",
                     "seed": seed,
-                    "passkey_em@1x": em1[seed],
-                    "passkey_em@8x": em8[seed],
+                    "passkey_digit_acc@1x": em1[seed],
+                    "passkey_digit_acc@8x": em8[seed],
                     "status": "ok",
                 }
             )
@@ -150,7 +150,7 @@ def test_report_turns_a_fixed_results_file_into_the_expected_table_findings_and_
     )
     assert text == (tmp_path / "fixed.md").read_text()
     lines = text.splitlines()
-    assert "| variant | MQAR acc ↑ | needle EM @1x (96) ↑ | needle EM @8x (768) ↑ |" in lines
+    assert "| variant | MQAR acc ↑ | needle acc @1x (96) ↑ | needle acc @8x (768) ↑ |" in lines
     assert "| softmax + RoPE (baseline) | 0.970 ± 0.020 | 0.980 ± 0.020 | 0.200 ± 0.100 |" in lines
     assert "| PCT (sigmoid, complex) | 0.520 ± 0.020 | 0.920 ± 0.020 | 0.820 ± 0.020 |" in lines
     assert "| Versor hybrid | not run | - | - |" in lines
@@ -160,7 +160,7 @@ def test_report_turns_a_fixed_results_file_into_the_expected_table_findings_and_
         "worse: softmax_srpe, pct." in lines
     )
     assert (
-        "- needle EM @8x (768): best pct (0.820); baseline 0.200 ± 0.100; better than baseline beyond noise: pct; "
+        "- needle acc @8x (768): best pct (0.820); baseline 0.200 ± 0.100; better than baseline beyond noise: pct; "
         "worse: softmax_srpe." in lines
     )
     assert "| PCT (sigmoid, complex) | worse | worse | better |" in lines
@@ -197,7 +197,7 @@ def test_pct_claim_is_undecided_when_the_baseline_does_not_learn_the_needle():
     runs = [r for r in _fixed_runs() if r.get("status") == "ok"]
     for r in runs:
         if r["variant"] == "baseline" and r["task"] == "passkey":
-            r["passkey_em@1x"] = 0.3
+            r["passkey_digit_acc@1x"] = 0.3
     by = {(r["variant"], r["task"]): r for r in report.summarise(runs)}
     line = report.claims(by, SPEC, None)[2]
     assert line.startswith("- PCT, ") and "undecided: the baseline did not learn the needle" in line
