@@ -73,9 +73,7 @@ def test_generation_continues_from_returned_state_and_from_embeddings(mixer):
     prompt = torch.randint(3, TINY_VOCAB, (2, 5))
     with torch.no_grad():
         whole = model.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0)
-        first = model.generate(
-            prompt, max_new_tokens=4, do_sample=False, pad_token_id=0, return_dict_in_generate=True
-        )
+        first = model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0, return_dict_in_generate=True)
         state = first.past_key_values if hasattr(first, "past_key_values") else first[CACHE_FIELD]
         resumed = model.generate(
             first.sequences, past_key_values=state, max_new_tokens=4, do_sample=False, pad_token_id=0
@@ -100,3 +98,32 @@ def test_beam_search_and_sampling_with_the_recurrent_cache():
     beams = model.generate(ids, max_new_tokens=4, num_beams=3, do_sample=False)
     assert torch.equal(beams, model.generate(ids, max_new_tokens=4, num_beams=3, do_sample=False, use_cache=False))
     assert model.generate(ids, max_new_tokens=3, do_sample=True, num_return_sequences=2).shape == (4, 8)
+
+
+@pytest.mark.parametrize("accumulate", ["compact", "full"])
+@pytest.mark.parametrize("mixer", ["rra", "hybrid"])
+def test_token_by_token_decode_equals_the_sequence_forward_float64(mixer, accumulate):
+    # generation runs the lean single-token step (ops_rra_step) through the cache; it must give the sequence
+    # path's logits and rotor states, and the readable reference's (eager), with left padding in the batch
+    model = tiny_model(mixer, seed=3, rra_accumulate=accumulate).double()
+    ids = torch.randint(3, TINY_VOCAB, (2, 10))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    prefix = 4
+    with torch.no_grad():
+        whole = model(ids, attention_mask=mask, use_cache=True)
+        model.set_attn_implementation("eager")
+        reference = model(ids, attention_mask=mask).logits
+        model.set_attn_implementation("sdpa")
+        out = model(ids[:, :prefix], attention_mask=mask[:, :prefix], use_cache=True)
+        cache, logits = out[CACHE_FIELD], [out.logits]
+        for t in range(prefix, ids.shape[1]):
+            out = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=cache, use_cache=True)
+            cache = out[CACHE_FIELD]
+            logits.append(out.logits)
+    decoded = torch.cat(logits, dim=1)
+    torch.testing.assert_close(decoded, whole.logits, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(decoded, reference, rtol=1e-10, atol=1e-10)
+    for layer, mixer_type in enumerate(cache.mixers):
+        if mixer_type == "rra":
+            torch.testing.assert_close(cache.rotors[layer], whole[CACHE_FIELD].rotors[layer], rtol=1e-10, atol=1e-10)

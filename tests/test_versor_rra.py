@@ -1,5 +1,6 @@
 """Recursive rotor accumulator: the sequential reference against a float64 multivector formula, and every fast
-path (scan, Triton under the interpreter) against the reference: forward, state and all gradients."""
+path (scan, the recurrent decode step, Triton under the interpreter) against the reference: forward, state and
+all gradients."""
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from zpx_hf.clifford_algebra import (
     to_matrix,
 )
 from zpx_hf.ops_rra import HAS_TRITON, RRA_ACCUMULATE, recursive_rotor_accumulator, rotor_trajectory
+from zpx_hf.ops_rra_step import rra_step
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 # (B, L, H, C): single token, odd sizes, and L > 64 (crosses the reference's re-projection step)
@@ -87,11 +89,38 @@ NAMES = ("output", "state", "d bivectors", "d value", "d initial")
 @pytest.mark.parametrize("with_initial", [False, True], ids=["from-1", "from-state"])
 @pytest.mark.parametrize("accumulate", RRA_ACCUMULATE)
 @pytest.mark.parametrize("shape", GRID, ids=GRID_IDS)
-def test_scan_equals_sequential_float64(shape, accumulate, with_initial):
+@pytest.mark.parametrize("kernel", ["scan", "recurrent"])
+def test_fast_paths_equal_sequential_float64(kernel, shape, accumulate, with_initial):
+    # "recurrent" is the decode step (ops_rra_step) in a loop; "auto" picks it for one token
     leaves = _inputs(*shape, accumulate, with_initial=with_initial)
-    got = _forward_and_grads("scan", accumulate, leaves)
+    got = _forward_and_grads(kernel, accumulate, leaves)
     want = _forward_and_grads("sequential", accumulate, leaves)
     _assert_all_close(got, want, NAMES, rel=1e-10)
+
+
+@pytest.mark.parametrize("accumulate", RRA_ACCUMULATE)
+def test_auto_runs_the_step_for_one_token_and_the_scan_otherwise(accumulate, monkeypatch):
+    from zpx_hf import ops_rra
+
+    calls = []
+    monkeypatch.setattr(ops_rra, "rra_step", lambda *a: calls.append("step") or rra_step(*a))
+    leaves = _inputs(2, 1, 3, 2, accumulate)
+    got = _forward_and_grads("auto", accumulate, leaves)
+    assert calls == ["step"]
+    _assert_all_close(got, _forward_and_grads("sequential", accumulate, leaves), NAMES, rel=1e-10)
+    _run("auto", accumulate, *_inputs(2, 5, 3, 2, accumulate))
+    assert calls == ["step"]  # longer sequences: the scan
+
+
+def test_step_keeps_the_state_on_the_group_over_many_tokens():
+    # 4,096 decode steps in float32 (model-like bivectors): the per-step re-projection keeps R~R = 1
+    generator = torch.Generator().manual_seed(0)
+    state = None
+    for _ in range(4096):
+        bivectors = torch.tanh(torch.randn(1, 1, 2, 10, generator=generator))
+        out, state = _run("auto", "compact", bivectors, torch.randn(1, 1, 2, 1, 32, generator=generator), state)
+    assert torch.isfinite(out).all()
+    assert float(rotor_norm_error(to_matrix(state)).max()) < 1e-5
 
 
 @needs_triton
@@ -107,7 +136,7 @@ def test_triton_equals_sequential(shape, accumulate):
     _assert_all_close([g.double() for g in got], want, NAMES, rel=rel)
 
 
-@pytest.mark.parametrize("kernel", ["sequential", "scan"])
+@pytest.mark.parametrize("kernel", ["sequential", "scan", "recurrent", "auto"])
 @pytest.mark.parametrize("accumulate", RRA_ACCUMULATE)
 def test_continuing_from_the_state_equals_one_call(kernel, accumulate):
     bivectors, value, initial = (x.detach() for x in _inputs(2, 23, 2, 2, accumulate))
@@ -135,7 +164,7 @@ def test_trajectory_is_the_accumulated_rotor():
 
 def test_zero_bivectors_and_empty_sequences():
     value = torch.randn(2, 5, 3, 2, 32)
-    for kernel in ("sequential", "scan"):
+    for kernel in ("sequential", "scan", "recurrent"):
         out, state = _run(kernel, "compact", torch.zeros(2, 5, 3, 10), value)
         torch.testing.assert_close(out, value, rtol=1e-6, atol=1e-6)
         assert torch.equal(state[..., 0], torch.ones(2, 3))

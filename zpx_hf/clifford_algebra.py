@@ -94,6 +94,7 @@ class CliffordAlgebra:
             [[blade_product_sign(a, b, self.squares) for b in masks] for a in masks], device=_CPU
         )
         self.grade_onehot = (self.grades[:, None] == torch.arange(self.n + 1, device=_CPU)[None, :]).float()
+        self.grade_spread = self.grade_onehot.T.contiguous()  # per-grade values -> per-blade
         g = self.grades
         ga, gb, gc = g[:, None], g[None, :], g[self.product_index]
         self.outer_mask = gc == ga + gb  # A and B disjoint

@@ -10,8 +10,9 @@ with a grade-aware RMS norm, channel-mixing linear maps with one weight per grad
 the grade projections), a scalar-gated MLP, and a mixer per layer: geometric product attention
 (`ops_gpa.py`) or the recursive rotor accumulator (`ops_rra.py`). Both dispatch on `attn_implementation`:
 `"eager"` runs the readable references, `"sdpa"` the fast paths (Triton on CUDA, chunked / scanned
-PyTorch on CPU). `VersorCache` holds, per layer, the multivector keys/values of GPA layers and only the
-rotor state of RRA layers (O(1) per token).
+PyTorch on CPU; for RRA during generation, a single-token step of few ops, `ops_rra_step.py`).
+`VersorCache` holds, per layer, the multivector keys/values of GPA layers and only the rotor state of RRA
+layers (O(1) per token).
 """
 
 from __future__ import annotations
@@ -131,7 +132,21 @@ class VersorCache:
 
 def multivectors(x: torch.Tensor) -> torch.Tensor:
     """[..., 32 C] -> [..., C, 32] (a view)."""
-    return x.unflatten(-1, (-1, NUM_BLADES))
+    return x.view(*x.shape[:-1], -1, NUM_BLADES)  # `view`, not `unflatten`: a C call, no Python wrapper
+
+
+def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in `dtype`, without a dispatch when it already is (decode runs one token: every op call counts)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """`modeling_blocks.upcast` without a dispatch for float32 / float64 inputs."""
+    return x if x.dtype in (torch.float32, torch.float64) else upcast(x)
+
+
+# VersorLinear multiplies and sums directly (no bmm and layout copies) when tokens x in x out is at most this
+SMALL_PRODUCT = 8192
 
 
 class VersorLinear(nn.Module):
@@ -146,11 +161,45 @@ class VersorLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(NUM_GRADES, out_channels, in_channels))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight[conformal_algebra().table("grades", x.device)]  # [32, out, in]
-        return torch.einsum("...ia,aoi->...oa", x, weight.to(x.dtype))
+        """x [..., in, 32] -> [..., out, 32]: one batched matmul over the 32 blades, or for a few tokens
+        (decode) one broadcast multiply and sum, which needs fewer op calls (not under autocast, where the
+        matmul sets the output dtype)."""
+        grades = conformal_algebra().table("grades", x.device)
+        tokens = x.numel() // (self.in_channels * NUM_BLADES)
+        small = tokens * self.in_channels * self.out_channels <= SMALL_PRODUCT
+        if small and not torch.is_autocast_enabled(x.device.type):  # [..., out, in, 32], summed over in
+            weight = self.weight.permute(1, 2, 0).index_select(-1, grades)  # [out, in, 32], contiguous
+            return (x.unsqueeze(-3) * cast(weight, x.dtype)).sum(-2)
+        weight = self.weight.index_select(0, grades)  # [32, out, in]
+        blades = x.reshape(-1, self.in_channels, NUM_BLADES).permute(2, 0, 1)  # [32, N, in]
+        out = torch.bmm(blades, cast(weight, x.dtype).transpose(1, 2))  # [32, N, out]
+        return out.permute(1, 2, 0).reshape(*x.shape[:-2], self.out_channels, NUM_BLADES)
+
+    def scalar_part(self, x: torch.Tensor) -> torch.Tensor:
+        """<forward(x)>_0 `[..., out]` alone: the scalar blade is mixed by the grade-0 weight only."""
+        return F.linear(x[..., 0], cast(self.weight[0], x.dtype))
 
     def extra_repr(self) -> str:
         return f"{self.in_channels} -> {self.out_channels} channels, {NUM_GRADES} grades"
+
+
+_GRADE_MEAN_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def grade_mean_tables(
+    channels: int, eps: float, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`[C * 32, 6]` table, `[6]` eps): eps + (x^2 flattened) @ table = eps + mean over channels of each
+    grade's squared norm, in one `addmm` (cached per shape, eps, device and dtype)."""
+    key = (channels, eps, device, dtype)
+    tables = _GRADE_MEAN_TABLES.get(key)
+    if tables is None:
+        onehot = conformal_algebra().table("grade_onehot", torch.device("cpu"), torch.float64)
+        table = (onehot / channels).repeat(channels, 1).to(device=device, dtype=dtype)
+        tables = table, torch.full((NUM_GRADES,), eps, device=device, dtype=dtype)
+        if not torch.compiler.is_compiling():
+            _GRADE_MEAN_TABLES[key] = tables
+    return tables
 
 
 class VersorNorm(nn.Module):
@@ -165,11 +214,13 @@ class VersorNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., 32 C] -> [..., 32 C], computed in at least float32."""
         input_dtype = x.dtype
-        x = multivectors(upcast(x))
-        onehot = conformal_algebra().table("grade_onehot", x.device).to(x.dtype)  # [32, 6]
-        per_grade = (x.pow(2) @ onehot).mean(-2, keepdim=True)  # [..., 1, 6]
-        scale = torch.rsqrt(per_grade + self.variance_epsilon) * upcast(self.weight)  # [..., C, 6]
-        return (x * (scale @ onehot.T)).flatten(-2).to(input_dtype)
+        x = multivectors(at_least_float32(x))
+        squares = x.square().reshape(-1, x.shape[-2] * NUM_BLADES)
+        table, eps = grade_mean_tables(x.shape[-2], self.variance_epsilon, x.device, x.dtype)
+        per_grade = torch.addmm(eps, squares, table)  # mean_c ||x_{c,g}||^2 + eps, [N, 6]
+        scale = torch.rsqrt(per_grade).view(*x.shape[:-2], 1, NUM_GRADES) * at_least_float32(self.weight)
+        spread = conformal_algebra().table("grade_spread", x.device, x.dtype)  # [6, 32]
+        return cast((x * (scale @ spread)).flatten(-2), input_dtype)
 
 
 class VersorMLP(nn.Module):
@@ -185,7 +236,7 @@ class VersorMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., 32 C] -> [..., 32 C]."""
         x = multivectors(x)
-        gate = F.silu(self.gate_proj(x)[..., :1])
+        gate = F.silu(self.gate_proj.scalar_part(x)).unsqueeze(-1)
         return self.down_proj(self.up_proj(x) * gate).flatten(-2)
 
 
@@ -263,14 +314,16 @@ class VersorRRA(nn.Module):
         self.head_channels = config.head_channels
         inner = self.num_heads * self.head_channels
         self.bivector_proj = nn.Linear(config.hidden_size, self.num_heads * len(BIVECTOR_MASKS), bias=True)
+        self.bivector_scale = float(config.rra_bivector_scale)
         self.v_proj = VersorLinear(config.num_channels, inner)
         self.o_proj = VersorLinear(inner, config.num_channels)
 
     def bivectors(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """B_t = s tanh(W x_t), float32 [B, L, H, 10] (BIVECTOR_MASKS order) from the normed stream."""
-        raw = self.bivector_proj(hidden_states)
-        bivectors = self.config.rra_bivector_scale * torch.tanh(upcast(raw))
-        return bivectors.unflatten(-1, (self.num_heads, len(BIVECTOR_MASKS)))
+        bivectors = torch.tanh(at_least_float32(self.bivector_proj(hidden_states)))
+        if self.bivector_scale != 1.0:
+            bivectors = self.bivector_scale * bivectors
+        return bivectors.view(*bivectors.shape[:-1], self.num_heads, len(BIVECTOR_MASKS))
 
     def forward(
         self,

@@ -16,7 +16,9 @@ Kernels, one signature and one function (`rra_naive` is the definition, the othe
 * `"sequential"` - `ops_rra_naive.py`: the loop as written, matrix exponentials (the readable reference).
 * `"scan"` - `ops_rra_scan.py`: closed-form rotors, a log-depth scan, structure-of-arrays complex products.
 * `"triton"` - `ops_rra_triton.py`: a Triton scan kernel (forward and backward), CUDA.
-* `"auto"` - triton for CUDA tensors when Triton imports, else scan.
+* `"recurrent"` - `ops_rra_step.py`: a loop of lean single-token steps (tables and matmuls, few ops): decode.
+* `"auto"` - recurrent for a single token (generation with the cache), else triton for CUDA tensors when
+  Triton imports, else scan.
 
 Numerics: everything algebraic runs in float32 (float64 when an input is float64), with autocast disabled:
 under bf16 the inputs are cast up and the output is cast back to `value.dtype`. Rounding drift off the
@@ -34,11 +36,12 @@ import torch
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, from_matrix
 from .ops_rra_naive import rra_naive
 from .ops_rra_scan import accumulated_rotors, from_soa, rra_scan
+from .ops_rra_step import rra_recurrent, rra_step
 from .ops_rra_triton import HAS_TRITON, rra_triton
 
-RRA_KERNELS = ("sequential", "scan", "triton")
+RRA_KERNELS = ("sequential", "scan", "triton", "recurrent")
 RRA_ACCUMULATE = ("compact", "full")
-_IMPLEMENTATIONS = {"sequential": rra_naive, "scan": rra_scan, "triton": rra_triton}
+_IMPLEMENTATIONS = {"sequential": rra_naive, "scan": rra_scan, "triton": rra_triton, "recurrent": rra_recurrent}
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -46,9 +49,11 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name}={value!r} is unknown; use one of {list(choices)}.")
 
 
-def _resolve_kernel(kernel: str, device: torch.device) -> str:
+def _resolve_kernel(kernel: str, device: torch.device, length: int) -> str:
     _check_choice("kernel", kernel, ("auto", *RRA_KERNELS))
     if kernel == "auto":
+        if length == 1:
+            return "recurrent"
         return "triton" if HAS_TRITON and device.type == "cuda" else "scan"
     if kernel == "triton" and not HAS_TRITON:
         raise ValueError("kernel='triton' needs the `triton` package; install it or use kernel='scan'.")
@@ -77,6 +82,10 @@ def _identity_state(batch: int, heads: int, device: torch.device, dtype: torch.d
     return state
 
 
+def _cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
     return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
 
@@ -95,17 +104,20 @@ def recursive_rotor_accumulator(
     """
     _check_choice("accumulate", accumulate, RRA_ACCUMULATE)
     _check_inputs(bivectors, value, initial)
-    kernel = _resolve_kernel(kernel, bivectors.device)
+    kernel = _resolve_kernel(kernel, bivectors.device, bivectors.shape[1])
     dtype = _compute_dtype(bivectors, value, initial)
     if bivectors.shape[1] == 0:  # nothing to accumulate: the state passes through
         batch, _, heads = bivectors.shape[:3]
         state = initial.to(dtype) if initial is not None else _identity_state(batch, heads, bivectors.device, dtype)
         return value.clone(), state
+    inputs = (_cast(bivectors, dtype), _cast(value, dtype), None if initial is None else _cast(initial, dtype))
+    if kernel == "recurrent" and bivectors.shape[1] == 1 and not torch.is_autocast_enabled(bivectors.device.type):
+        # one token (decode): the step alone, without the loop's unbind/stack or an autocast context
+        out, state = rra_step(inputs[0].select(1, 0), inputs[1].select(1, 0), accumulate, inputs[2])
+        return _cast(out.unsqueeze(1), value.dtype), state
     with torch.autocast(device_type=bivectors.device.type, enabled=False):
-        out, state = _IMPLEMENTATIONS[kernel](
-            bivectors.to(dtype), value.to(dtype), accumulate, None if initial is None else initial.to(dtype)
-        )
-    return out.to(value.dtype), state
+        out, state = _IMPLEMENTATIONS[kernel](inputs[0], inputs[1], accumulate, inputs[2])
+    return _cast(out, value.dtype), state
 
 
 def rotor_trajectory(
