@@ -60,7 +60,7 @@ def test_seed_configuration_reproduces_seed_layer(implementation, with_mask):
     if implementation == "eager":
         torch.testing.assert_close(weights[:, 0], expected_attn, rtol=1e-10, atol=1e-12)
     # Phi = [log_r, cos, sin, X, Y, Z, b] per channel, as the seed's "tensor"
-    torch.testing.assert_close(phase_tensor(phase)[:, 0], expected_phase["tensor"], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(phase_tensor(phase)[:, :, 0], expected_phase["tensor"], rtol=1e-10, atol=1e-12)
     if not with_mask:
         torch.testing.assert_close(
             center_cancellation_loss(phase, None), seed_center_cancellation_loss(expected_phase), rtol=1e-10, atol=0
@@ -150,3 +150,43 @@ def test_sdpa_score_is_exactly_the_formula():
                 sphere = sum(float(s[0, hh, i, m] @ s[0, hh, j, m]) for m in range(c)) / c
                 direct[0, hh, i, j] = content + la * angle + ls * sphere
     torch.testing.assert_close(fast, direct, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_single_query_branch_equals_reference(padded):
+    """One query (cached decoding) takes two bmm calls with v at its own head dim: the reference's numbers."""
+    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention_sdpa
+    from zpx_hf.ops_zpx_naive import zpx_attention_naive
+
+    torch.manual_seed(4)
+    b, h, k_len, d, dv, c = 2, 3, 9, 8, 6, 4
+    query, key = torch.randn(b, h, 1, d, dtype=torch.float64), torch.randn(b, h, k_len, d, dtype=torch.float64)
+    value = torch.randn(b, h, k_len, dv, dtype=torch.float64)
+    features = phase_key_features(
+        phase_coordinates(*(torch.randn(b, h, k_len, c, dtype=torch.float64) for _ in "rtb"), 4.0)
+    )
+    padding = torch.ones(b, k_len, dtype=torch.bool)
+    if padded:
+        padding[0, :3] = False
+    kwargs = dict(causal=True, scaling=d**-0.5, lambda_angle=0.6, lambda_sphere=1.7)
+    args = (query, torch.cat((key, features), -1), value, features[:, :, -1:], padding if padded else None)
+    fast, _ = zpx_attention_sdpa(*args, **kwargs)
+    reference, _ = zpx_attention_naive(*args, **kwargs)
+    assert fast.shape == (b, 1, h, dv)
+    torch.testing.assert_close(fast, reference, rtol=1e-10, atol=1e-12)
+
+
+def test_hooked_phase_encoder_runs_its_modules_with_the_same_numbers():
+    """The fused phase matmul is only for plain `nn.Linear` encoders; a hooked (or wrapped) encoder runs as
+    itself, and both give the same phase."""
+    torch.manual_seed(5)
+    layer = seed_configured_layer(16, 4, 1.0, 1.0, "sdpa")
+    h = torch.randn(2, 5, 16, dtype=torch.float64)
+    fused = layer.phase_encoder(h)
+    calls = []
+    handle = layer.phase_encoder.to_theta.register_forward_hook(lambda *args: calls.append(1))
+    separate = layer.phase_encoder(h)
+    handle.remove()
+    assert calls == [1]
+    for name in ("log_r", "phi", "b", "cos_phi", "sin_phi", "sphere"):
+        torch.testing.assert_close(getattr(separate, name), getattr(fused, name), rtol=1e-12, atol=1e-14)

@@ -32,7 +32,7 @@ def pop_cache_kwarg(past_key_values: Any, kwargs: dict) -> Any:
 
 def upcast(x: torch.Tensor) -> torch.Tensor:
     """x in at least float32: half precisions are raised, float64 stays exact (for float64 references)."""
-    return x if x.dtype == torch.float64 else x.float()
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()  # no dispatch when nothing changes
 
 
 class RMSNorm(nn.Module):
@@ -48,7 +48,9 @@ class RMSNorm(nn.Module):
         hidden_states = upcast(hidden_states)
         variance = hidden_states.pow(2).mean(-1, keepdim=True)
         hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
+        if hidden_states.dtype != input_dtype:
+            hidden_states = hidden_states.to(input_dtype)
+        return self.weight * hidden_states
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
@@ -89,15 +91,13 @@ def check_inputs(
             raise ValueError(f"`input_ids` must be [batch, seq_len]; got shape {tuple(input_ids.shape)}.")
         if input_ids.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"`input_ids` must be an integer tensor; got {input_ids.dtype}.")
-        if (
-            check_values
-            and input_ids.numel()
-            and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size)
-        ):
-            raise ValueError(
-                f"`input_ids` must lie in [0, vocab_size={config.vocab_size}); got values in "
-                f"[{int(input_ids.min())}, {int(input_ids.max())}]. Check the tokenizer matches the model."
-            )
+        if check_values and input_ids.numel():
+            low, high = value_range(input_ids)
+            if low < 0 or high >= config.vocab_size:
+                raise ValueError(
+                    f"`input_ids` must lie in [0, vocab_size={config.vocab_size}); got values in [{low}, {high}]. "
+                    "Check the tokenizer matches the model."
+                )
         batch, length = input_ids.shape
     else:
         if inputs_embeds.dim() != 3:
@@ -122,7 +122,12 @@ def check_inputs(
                 f"`attention_mask` must be [batch={batch}, past+current={past_length + length}]; got shape "
                 f"{tuple(attention_mask.shape)}."
             )
-        if check_values and not ((attention_mask == 0) | (attention_mask == 1)).all():
+        if (
+            check_values
+            and attention_mask.dtype != torch.bool
+            and attention_mask.numel()
+            and not is_zero_one(attention_mask)
+        ):
             raise ValueError(
                 "`attention_mask` must hold only 0 (padding) and 1 (real token); got other values. Pass a 0/1 "
                 "padding mask, not additive biases or weights."
@@ -134,7 +139,7 @@ def check_inputs(
                 f"{tuple(position_ids.shape)}."
             )
         if check_values and position_ids.numel():
-            low, high = int(position_ids.min()), int(position_ids.max())
+            low, high = value_range(position_ids)
             if low < 0:
                 raise ValueError(f"`position_ids` must be >= 0; got {low}. Derive them from the attention mask.")
             if high >= config.max_position_embeddings and not config.allow_longer_positions:
@@ -150,6 +155,20 @@ def check_inputs(
         )
 
 
+def value_range(x: torch.Tensor) -> tuple[int, int]:
+    """(min, max) of an integer tensor in one reduction."""
+    low, high = torch.aminmax(x)
+    return int(low), int(high)
+
+
+def is_zero_one(mask: torch.Tensor) -> bool:
+    """Whether every value of `mask` is 0 or 1 (for integers the range decides: one reduction)."""
+    if mask.dtype.is_floating_point or mask.dtype.is_complex:
+        return bool(((mask == 0) | (mask == 1)).all())
+    low, high = value_range(mask)
+    return low >= 0 and high <= 1
+
+
 def default_position_ids(
     attention_mask: torch.Tensor | None, past_length: int, length: int, device: torch.device
 ) -> torch.Tensor:
@@ -159,7 +178,7 @@ def default_position_ids(
         positions = attention_mask.long().cumsum(-1) - 1
         positions = positions.clamp(min=0)
         return positions[:, past_length : past_length + length].to(device)
-    return (torch.arange(length, device=device) + past_length).unsqueeze(0)
+    return torch.arange(past_length, past_length + length, device=device)[None]
 
 
 def visible_keys(

@@ -229,14 +229,14 @@ class GeometricModel(GeometricPreTrainedModel):
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         length = inputs_embeds.shape[1]
-        if position_ids is None:
-            position_ids = default_position_ids(attention_mask, past_length, length, inputs_embeds.device)
-        position_embeddings = self.position_embeddings(inputs_embeds, position_ids)
         # [B, past + L] bool, True = real token; None when nothing is padded (a host read, so eager mode only:
         # a compiled graph keeps an all-ones mask, which computes the same function).
         padding_mask = None
         if attention_mask is not None and (torch.compiler.is_compiling() or not bool(attention_mask.all())):
             padding_mask = attention_mask.to(device=inputs_embeds.device, dtype=torch.bool)
+        if position_ids is None:  # an all-ones mask counts the same positions as none
+            position_ids = default_position_ids(padding_mask, past_length, length, inputs_embeds.device)
+        position_embeddings = self.position_embeddings(inputs_embeds, position_ids)
 
         hidden_states = inputs_embeds
         all_hidden_states = () if output_hidden_states else None

@@ -33,7 +33,7 @@ from .modeling_common import (
 from .ops_zpx import (
     PhaseState,
     center_cancellation_loss,
-    phase_coordinates,
+    phase_from_stacked,
     phase_key_features,
     phase_tensor,
     zpx_attention_sdpa,
@@ -89,17 +89,29 @@ class ZPXPhaseEncoder(nn.Module):
         self.to_b = nn.Linear(config.hidden_size, width, bias=config.phase_bias)
 
     def forward(self, hidden_states: torch.Tensor) -> PhaseState:
-        batch, length = hidden_states.shape[:2]
+        """PhaseState [B, L, H, C] (token-major: the 5C key features are transposed once, not each field)."""
+        shape = (*hidden_states.shape[:2], 3, self.num_heads, self.phase_channels)
+        encoders = (self.to_log_r, self.to_theta, self.to_b)
+        if _plain_linears(encoders):
+            # One matmul for the three encoders, rows [W_r; W_theta; W_b] -> [B, L, 3, H, C]: on a decoding step
+            # a matmul call costs far more than concatenating these small weights.
+            weight = torch.cat([encoder.weight for encoder in encoders])
+            bias = torch.cat([encoder.bias for encoder in encoders]) if self.to_log_r.bias is not None else None
+            pre = F.linear(hidden_states, weight, bias)
+        else:  # wrapped (LoRA, quantised) or hooked encoders run as themselves
+            pre = torch.stack([encoder(hidden_states) for encoder in encoders], dim=2)
+        return phase_from_stacked(pre.view(shape), self.max_log_radius, dim=2)
 
-        def heads(x: torch.Tensor) -> torch.Tensor:  # [B, L, H*C] -> [B, H, L, C]
-            return x.view(batch, length, self.num_heads, self.phase_channels).transpose(1, 2)
 
-        return phase_coordinates(
-            heads(self.to_log_r(hidden_states)),
-            heads(self.to_theta(hidden_states)),
-            heads(self.to_b(hidden_states)),
-            self.max_log_radius,
-        )
+def _plain_linears(modules: tuple[nn.Module, ...]) -> bool:
+    """Whether every module is an `nn.Linear` whose call is exactly `F.linear(x, weight, bias)`: not a subclass
+    (LoRA, quantised layers), no hooks, no instance-level forward (accelerate's offloading hooks replace it)."""
+    for module in modules:
+        if type(module) is not nn.Linear or module._forward_hooks or module._forward_pre_hooks:
+            return False
+        if "forward" in module.__dict__:
+            return False
+    return True
 
 
 class ZPXAttention(nn.Module):
@@ -113,6 +125,9 @@ class ZPXAttention(nn.Module):
         self.head_dim = config.head_dim
         self.scaling = self.head_dim**-0.5
         self.is_causal = config.causal
+        self.lambda_angle = config.lambda_angle
+        self.lambda_sphere = config.lambda_sphere
+        self.attention_dropout = config.attention_dropout
         inner = self.num_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, inner, bias=config.attention_bias)
         self.k_proj = nn.Linear(config.hidden_size, inner, bias=config.attention_bias)
@@ -139,7 +154,9 @@ class ZPXAttention(nn.Module):
             query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
 
         phase = self.phase_encoder(hidden_states)
-        features = phase_key_features(phase).to(query.dtype)  # [B, H, L, 5C]
+        features = phase_key_features(phase).transpose(1, 2)  # [B, H, L, 5C]
+        if features.dtype != query.dtype:  # half precision: the phase is computed in float32
+            features = features.to(query.dtype)
         key_aug = torch.cat((key, features), dim=-1)
         if past_key_values is not None:
             pad_content_only_keys(past_key_values, self.layer_idx, key_aug.shape[-1])
@@ -157,9 +174,9 @@ class ZPXAttention(nn.Module):
             padding_mask,
             causal=self.is_causal,
             scaling=self.scaling,
-            lambda_angle=self.config.lambda_angle,
-            lambda_sphere=self.config.lambda_sphere,
-            dropout=self.config.attention_dropout if self.training else 0.0,
+            lambda_angle=self.lambda_angle,
+            lambda_sphere=self.lambda_sphere,
+            dropout=self.attention_dropout if self.training else 0.0,
         )
         output = self.o_proj(output.reshape(batch, length, -1))
         return output, weights, phase
@@ -212,8 +229,8 @@ class ZPXModel(GeometricModel, ZPXPreTrainedModel):
         if output_phases or self.config.center_loss_weight > 0:
             center_loss = sum(center_cancellation_loss(phase, token_mask) for phase in extras) / len(extras)
         phases = None
-        if output_phases:  # [B, H, L, C, 7] -> [B, L, H, C, 7]
-            phases = tuple(phase_tensor(phase).transpose(1, 2) for phase in extras)
+        if output_phases:  # [B, L, H, C, 7]
+            phases = tuple(phase_tensor(phase) for phase in extras)
         return {"phases": phases, "center_loss": center_loss}
 
 

@@ -16,8 +16,10 @@ k^. The term-by-term reference is `ops_zpx_naive.zpx_attention_naive` (same sign
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -27,73 +29,165 @@ from .ops_zpx_naive import PHASE_FEATURES
 
 
 class PhaseState(NamedTuple):
-    """Per-token phase of one layer; every field is [B, H, L, C] except `sphere` [B, H, L, C, 3]."""
+    """Per-token phase of one layer, every tensor [..., C] in the layout of the encoder's outputs (the model's:
+    [B, L, H, C]). Attention needs log_r, cos phi and sin phi; b, the Cartesian point (x, y) and the sphere point
+    s [..., C, 3] are derived on demand (centre loss, `phase_tensor`)."""
 
     log_r: torch.Tensor
     phi: torch.Tensor
-    b: torch.Tensor
     cos_phi: torch.Tensor
     sin_phi: torch.Tensor
-    x: torch.Tensor
-    y: torch.Tensor
-    sphere: torch.Tensor
+    pi_b: torch.Tensor  # pi b, the term phi adds to theta
+
+    @property
+    def b(self) -> torch.Tensor:
+        """b = sigmoid(W_b h) in [0, 1]."""
+        return self.pi_b / math.pi
+
+    @property
+    def x(self) -> torch.Tensor:
+        """x = e^{log_r} cos phi."""
+        return torch.exp(self.log_r) * self.cos_phi
+
+    @property
+    def y(self) -> torch.Tensor:
+        """y = e^{log_r} sin phi."""
+        return torch.exp(self.log_r) * self.sin_phi
+
+    @property
+    def sphere(self) -> torch.Tensor:
+        """s = (X, Y, Z) [..., C, 3], the stereographic projection of x + iy (see `sphere_coordinates`)."""
+        return torch.stack(sphere_coordinates(self), dim=-1)
 
 
 def phase_coordinates(
     log_r_pre: torch.Tensor, theta_pre: torch.Tensor, b_pre: torch.Tensor, max_log_radius: float
 ) -> PhaseState:
     """Vector phase from the encoder's three linear outputs (any leading shape, last dim C)."""
-    log_r = max_log_radius * torch.tanh(log_r_pre / max_log_radius)
-    theta = math.pi * torch.tanh(theta_pre)
-    b = torch.sigmoid(b_pre)
-    phi = theta + math.pi * b
-    cos_phi, sin_phi = torch.cos(phi), torch.sin(phi)
-    r = torch.exp(log_r)
-    # Stereographic projection written in log_r so it never overflows:
-    # 2r / (1 + r^2) = sech(log_r),  (r^2 - 1) / (r^2 + 1) = tanh(log_r).
-    sech = 1.0 / torch.cosh(log_r)
-    sphere = torch.stack((sech * cos_phi, sech * sin_phi, torch.tanh(log_r)), dim=-1)
-    return PhaseState(
-        log_r=log_r, phi=phi, b=b, cos_phi=cos_phi, sin_phi=sin_phi, x=r * cos_phi, y=r * sin_phi, sphere=sphere
-    )
+    return phase_from_stacked(torch.stack((log_r_pre, theta_pre, b_pre)), max_log_radius, dim=0)
+
+
+def phase_from_stacked(pre: torch.Tensor, max_log_radius: float, dim: int) -> PhaseState:
+    """Vector phase from the three pre-activations (W_r h, W_theta h, W_b h) stacked on `dim` of `pre`, in
+    tensor-by-tensor ops (few, and no Python-scalar arithmetic: on small decoding tensors the per-op cost
+    is the whole cost). With sigmoid(x) = (1 + tanh(x/2)) / 2 one tanh serves all three:
+
+        t = tanh(pre * (1/R, 1, 1/2)),   (log_r, theta, pi b) = (R, pi, pi/2) t + (0, 0, pi/2),   phi = theta + pi b
+
+    Half-precision inputs are computed in float32."""
+    trailing = pre.dim() - 1 - dim % pre.dim()
+    scale_in, scale_out, shift_out = phase_constants(max_log_radius, trailing, upcast(pre).dtype, pre.device)
+    log_r, theta, pi_b = torch.addcmul(shift_out, torch.tanh(pre * scale_in), scale_out).unbind(dim)
+    phi = theta + pi_b
+    return PhaseState(log_r=log_r, phi=phi, cos_phi=torch.cos(phi), sin_phi=torch.sin(phi), pi_b=pi_b)
+
+
+def sphere_coordinates(state: PhaseState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(X, Y, Z) of s, written in log_r so it never overflows: 2r / (1 + r^2) = sech(log_r) and
+    (r^2 - 1) / (r^2 + 1) = tanh(log_r), so s = (cos phi / cosh log_r, sin phi / cosh log_r, tanh log_r)."""
+    cosh = torch.cosh(state.log_r)
+    return state.cos_phi / cosh, state.sin_phi / cosh, torch.tanh(state.log_r)
 
 
 def phase_tensor(state: PhaseState) -> torch.Tensor:
     """Phi[..., c, :] = [log_r, cos phi, sin phi, X, Y, Z, b]  (7 values per channel)."""
-    return torch.cat(
-        (
-            state.log_r[..., None],
-            state.cos_phi[..., None],
-            state.sin_phi[..., None],
-            state.sphere,
-            state.b[..., None],
-        ),
-        dim=-1,
-    )
+    return torch.stack((state.log_r, state.cos_phi, state.sin_phi, *sphere_coordinates(state), state.b), dim=-1)
 
 
 def phase_key_features(state: PhaseState) -> torch.Tensor:
-    """[cos phi (C), sin phi (C), X (C), Y (C), Z (C)] -> [B, H, L, 5C], the part appended to keys."""
-    sphere = state.sphere
-    return torch.cat((state.cos_phi, state.sin_phi, sphere[..., 0], sphere[..., 1], sphere[..., 2]), dim=-1)
+    """[cos phi (C), sin phi (C), X (C), Y (C), Z (C)] -> [..., 5C], the part appended to keys."""
+    return torch.cat((state.cos_phi, state.sin_phi, *sphere_coordinates(state)), dim=-1)
 
 
 def augment_query(
     query: torch.Tensor, query_features: torch.Tensor, scaling: float, lambda_angle: float, lambda_sphere: float
 ) -> torch.Tensor:
-    """q^ = [q * scaling, (la/C) cos phi, (la/C) sin phi, (ls/C) s]."""
-    channels = query_features.shape[-1] // PHASE_FEATURES
-    angle, sphere = query_features.split((2 * channels, 3 * channels), dim=-1)
-    return torch.cat((query * scaling, angle * (lambda_angle / channels), sphere * (lambda_sphere / channels)), dim=-1)
+    """q^ = [q * scaling, (la/C) cos phi, (la/C) sin phi, (ls/C) s] = [q, features] * coefficients (one multiply;
+    float32 coefficients for half precision)."""
+    dtype = upcast(query).dtype
+    coefficients = query_coefficients(
+        query.shape[-1], query_features.shape[-1], scaling, lambda_angle, lambda_sphere, dtype, query.device
+    )
+    query_aug = torch.cat((query, query_features), dim=-1) * coefficients
+    return query_aug if query_aug.dtype == query.dtype else query_aug.to(query.dtype)
 
 
-def center_cancellation_loss(state: PhaseState, token_mask: torch.Tensor | None) -> torch.Tensor:
-    """L_center = mean_{batch, head, c} |sum_i r_i e^{i phi_i}|^2 over real (non-padding) tokens."""
-    x, y = upcast(state.x), upcast(state.y)
+# Constant tensors of the formulas above: built once per (constants, dtype, device) in eager mode (small
+# decoding steps pay per op, and a CUDA constant would be a host-to-device copy per call), traced inside
+# compiled graphs.
+
+
+def query_coefficients(
+    head_dim: int,
+    feature_dim: int,
+    scaling: float,
+    lambda_angle: float,
+    lambda_sphere: float,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """[scaling] * d + [la/C] * 2C + [ls/C] * 3C, the multipliers of [q, features] in `augment_query`."""
+    build = _build_query_coefficients if torch.compiler.is_compiling() else _cached_query_coefficients
+    return build(head_dim, feature_dim, scaling, lambda_angle, lambda_sphere, dtype, device)
+
+
+def phase_constants(
+    max_log_radius: float, trailing: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(1/R, 1, 1/2), (R, pi, pi/2), (0, 0, pi/2) of `phase_from_stacked`, shaped [3] + [1] * trailing."""
+    build = _build_phase_constants if torch.compiler.is_compiling() else _cached_phase_constants
+    return build(max_log_radius, trailing, dtype, device)
+
+
+def _build_query_coefficients(
+    head_dim: int,
+    feature_dim: int,
+    scaling: float,
+    lambda_angle: float,
+    lambda_sphere: float,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    channels = feature_dim // PHASE_FEATURES
+    values = [scaling] * head_dim + [lambda_angle / channels] * (2 * channels)
+    values += [lambda_sphere / channels] * (3 * channels)
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def _build_phase_constants(
+    max_log_radius: float, trailing: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    shape = (3,) + (1,) * trailing
+    rows = ((1.0 / max_log_radius, 1.0, 0.5), (max_log_radius, math.pi, math.pi / 2), (0.0, 0.0, math.pi / 2))
+    return tuple(torch.tensor(row, dtype=dtype, device=device).view(shape) for row in rows)
+
+
+def _cached(build: Callable) -> Callable:
+    """`build` kept per arguments; the tensors are normal ones even when first built under inference mode."""
+
+    @functools.lru_cache(maxsize=64)
+    def cached(*args: Any) -> Any:
+        with torch.inference_mode(False):
+            return build(*args)
+
+    return cached
+
+
+_cached_query_coefficients = _cached(_build_query_coefficients)
+_cached_phase_constants = _cached(_build_phase_constants)
+
+
+def center_cancellation_loss(state: PhaseState, token_mask: torch.Tensor | None, token_dim: int = 1) -> torch.Tensor:
+    """L_center = mean_{batch, head, c} |sum_i r_i e^{i phi_i}|^2 over real (non-padding) tokens; the tokens lie
+    on `token_dim` of the state (1 in the model's [B, L, H, C]), `token_mask` is [B, L]."""
+    radius = torch.exp(upcast(state.log_r))
+    x, y = radius * upcast(state.cos_phi), radius * upcast(state.sin_phi)
     if token_mask is not None:
-        weight = token_mask.to(x.dtype)[:, None, :, None]  # [B, 1, L, 1]
+        shape = [1] * x.dim()
+        shape[0], shape[token_dim] = token_mask.shape
+        weight = token_mask.to(x.dtype).view(shape)
         x, y = x * weight, y * weight
-    x_sum, y_sum = x.sum(dim=2), y.sum(dim=2)
+    x_sum, y_sum = x.sum(dim=token_dim), y.sum(dim=token_dim)
     return (x_sum * x_sum + y_sum * y_sum).mean()
 
 
@@ -110,10 +204,24 @@ def zpx_attention_sdpa(
     lambda_sphere: float,
     dropout: float = 0.0,
 ) -> tuple[torch.Tensor, None]:
-    """Fast path, the signature of `zpx_attention_naive`: one SDPA call on the augmented head dim."""
+    """Fast path, the signature of `zpx_attention_naive`: one SDPA call on the augmented head dim; returns
+    output [B, Lq, H, dv] (a transposed view, not contiguous)."""
     batch, _, q_len, _ = query.shape
     query_aug = augment_query(query, query_features, scaling, lambda_angle, lambda_sphere)
     mask = build_attention_mask(padding_mask, batch, q_len, key_aug.shape[2], causal, query.device)
+    if q_len == 1 and dropout == 0.0:
+        # One query (cached decoding): softmax(q^ k^T) v as two batched GEMVs over [B*H] (cheaper than a fused
+        # kernel's launch), and v keeps its own head dim (no padding of the whole cached value every step).
+        heads, k_len = key_aug.shape[1], key_aug.shape[2]
+        scores = torch.bmm(query_aug.flatten(0, 1), key_aug.flatten(0, 1).transpose(1, 2))  # [B*H, 1, Lk]
+        if mask is not None:
+            scores = scores.view(batch, heads, 1, k_len).masked_fill(~mask, torch.finfo(scores.dtype).min)
+        weights = F.softmax(upcast(scores), dim=-1)
+        if weights.dtype != value.dtype:
+            weights = weights.to(value.dtype)
+        weights = weights.view(batch * heads, 1, k_len)
+        output = torch.bmm(weights, value.flatten(0, 1))  # [B*H, 1, dv]
+        return output.view(batch, heads, 1, -1).transpose(1, 2), None
     value_dim = value.shape[-1]
     if value_dim != query_aug.shape[-1]:
         # Fused SDPA kernels (flash on CPU and GPU) need one head dim for q, k and v: pad v with zeros
@@ -128,4 +236,4 @@ def zpx_attention_sdpa(
         is_causal=uses_is_causal(mask, causal, q_len),
         scale=1.0,
     )
-    return output[..., :value_dim].transpose(1, 2).contiguous(), None
+    return output[..., :value_dim].transpose(1, 2), None
