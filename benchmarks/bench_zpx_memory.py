@@ -1,7 +1,7 @@
 """ZPX long-context memory and step-time benchmark (issue: ZPX foundation).
 
 1. Attention op, forward + backward, at L = 512 ... 4096: the seed-style materialised form
-   (`zpx_attention_eager`, [L, L, C] and [L, L, C, 3] tensors) vs the exact augmented-head-dim
+   (`zpx_attention_naive`, [L, L, C] and [L, L, C, 3] tensors) vs the exact augmented-head-dim
    SDPA form (`zpx_attention_sdpa`). Each point runs in a fresh subprocess; peak memory is the
    growth of the process's peak RSS over its RSS just before the op (CPU), or
    `torch.cuda.max_memory_allocated` on CUDA.
@@ -28,15 +28,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def attention_worker(path: str, length: int, device: str, heads: int, head_dim: int, channels: int) -> dict:
     import torch
 
-    from zpx_hf.ops_zpx import (
-        phase_coordinates,
-        phase_key_features,
-        zpx_attention_eager,
-        zpx_attention_sdpa,
-    )
+    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention_sdpa
+    from zpx_hf.ops_zpx_naive import zpx_attention_naive
 
     torch.manual_seed(0)
-    op = {"materialised": zpx_attention_eager, "sdpa": zpx_attention_sdpa}[path]
+    op = {"materialised": zpx_attention_naive, "sdpa": zpx_attention_sdpa}[path]
     dtype = torch.float32
 
     def make(*shape):
@@ -47,7 +43,10 @@ def attention_worker(path: str, length: int, device: str, heads: int, head_dim: 
 
     def step():
         features = phase_key_features(phase_coordinates(*pre, 4.0))
-        out, _ = op(q, torch.cat((k, features), -1), v, features, None, True, head_dim**-0.5, 1.0, 1.0)
+        key_aug = torch.cat((k, features), -1)
+        out, _ = op(
+            q, key_aug, v, features, None, causal=True, scaling=head_dim**-0.5, lambda_angle=1.0, lambda_sphere=1.0
+        )
         out.sum().backward()
 
     # Peak memory of the first call, measured from just before it (a warm-up first would raise the
