@@ -9,6 +9,7 @@ reference, `"sdpa"` = the fast path; one function on both).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -373,6 +374,11 @@ class ForCausalLMHead:
             **{CACHE_FIELD: outputs.get(CACHE_FIELD)},
         )
         return output if return_dict else output.to_tuple()
+
+
+# `generate` inspects a remote-code model's `forward` signature on every decoding step (looking for the
+# removed `cache_position`); a precomputed `__signature__` makes that an attribute read (~0.1 ms per token).
+ForCausalLMHead.forward.__signature__ = inspect.signature(ForCausalLMHead.forward)
 
 
 class ForSequenceClassificationHead:
