@@ -125,6 +125,33 @@ def test_cached_decoding_equals_full_forward_float64(implementation):
         torch.testing.assert_close(one, two, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_left_padded_cached_decoding_equals_full_forward_float64(implementation):
+    """A left-padded batch of 2 (a 3-token pad on row 0): token-by-token decoding with the cache (the
+    single-query decode branch under `sdpa`) reproduces the full forward's logits on every real token."""
+    torch.manual_seed(0)
+    model = PCTForCausalLM(tiny_config(gate_bias_init=-1.0)).double()
+    model.config._attn_implementation = implementation
+    ids = torch.randint(3, 61, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    prefill = 5
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask).logits
+        out = model(input_ids=ids[:, :prefill], attention_mask=mask[:, :prefill], use_cache=True)
+        steps = [out.logits]
+        for index in range(prefill, ids.shape[1]):
+            out = model(
+                input_ids=ids[:, index : index + 1],
+                attention_mask=mask[:, : index + 1],
+                past_key_values=out.past_key_values,
+                use_cache=True,
+            )
+            steps.append(out.logits)
+    real = mask.bool()
+    torch.testing.assert_close(torch.cat(steps, dim=1)[real], full[real], rtol=0, atol=1e-10)
+
+
 def test_lora_on_complex_projections_trains_and_merges():
     peft = pytest.importorskip("peft")
     torch.manual_seed(0)

@@ -1,6 +1,7 @@
 """PCT attention ops: naive vs a complex float64 formula, tiled and Triton (interpreter) vs naive on one
 grid, the dispatch, bf16 autocast, and ComplexLinear's fast paths (plain and under PEFT LoRA)."""
 
+import math
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ from zpx_hf import ops_pct_tiled
 from zpx_hf.modeling_complex import GAUSS_MIN_ROWS, ComplexLinear, complex_linear
 from zpx_hf.ops_pct import HAS_TRITON, PCT_KERNELS, pct_attention, pct_attention_weights, resolve_kernel
 from zpx_hf.ops_pct_naive import pct_attention_naive
-from zpx_hf.ops_pct_tiled import pct_attention_tiled
+from zpx_hf.ops_pct_tiled import pct_attention_decode, pct_attention_tiled
 from zpx_hf.ops_pct_triton import pct_attention_triton
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -105,6 +106,53 @@ def test_tiled_matches_naive_float64(shape, mode, monkeypatch):
         run(pct_attention_naive, inputs, mask, grad, causal),
         1e-12,
     )
+
+
+@pytest.mark.parametrize("numbers", [False, True], ids=["per-head", "python-numbers"])
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
+def test_decode_branch_matches_naive_float64(padded, numbers):
+    """One query row (decoding): `pct_attention_decode` (also what the tiled entry point runs) equals the
+    reference, output and every gradient; Python-number tau and bias round to float32 as the reference's do."""
+    inputs, mask, grad = make_inputs((2, 3, 1, 19, 8), padded, seed=3)
+    q, k, v, tau, bias = inputs
+    if numbers:
+        tau, bias = 2.0**0.5 * 3, -math.log(7)
+        inputs = (q, k, v)
+
+    def decode(q, k, v, *per_head, causal, key_padding_mask):
+        return pct_attention_decode(q, k, v, *(per_head or (tau, bias)), key_padding_mask)
+
+    def naive(q, k, v, *per_head, causal, key_padding_mask):
+        return pct_attention_naive(
+            q, k, v, *(per_head or (tau, bias)), causal=causal, key_padding_mask=key_padding_mask
+        )
+
+    expected = run(naive, inputs, mask, grad, True)
+    assert_close_scaled(run(decode, inputs, mask, grad, True), expected, 1e-12)
+    assert_close_scaled(run(naive, inputs, mask, grad, False), expected, 0.0)  # one last query: causal = bidirectional
+    if padded:  # padded keys (the first 19 // 4 of batch 0) get no value gradient: their gates are exactly 0
+        assert not expected[3][0, :, : 19 // 4].any()
+
+
+@pytest.mark.parametrize("default", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_decode_branch_reads_python_numbers_as_the_reference(default, dtype):
+    """A Python tau and bias mean what `prepare_inputs` makes of them, whatever the default dtype."""
+    inputs, mask, _ = make_inputs((1, 2, 1, 9, 4), True, dtype=dtype, seed=4)
+    q, k, v = (t.detach() for t in inputs[:3])
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        for tau, bias in ((2.0**0.5 * 3, -math.log(7)), (3, -2)):
+            expected = pct_attention_naive(q, k, v, tau, bias, key_padding_mask=mask)
+            torch.testing.assert_close(
+                pct_attention_decode(q, k, v, tau, bias, mask),
+                expected,
+                rtol=0,
+                atol=1e-12 if dtype == torch.float64 else 1e-6,
+            )
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def test_tiled_gradcheck_float64(monkeypatch):
@@ -363,3 +411,25 @@ def test_complex_linear_inference_weight_follows_weight_changes():
         torch.testing.assert_close(linear(z), complex_linear_formula(linear, z), rtol=0, atol=1e-13)
         linear.float()
         torch.testing.assert_close(linear(z.float()).double(), complex_linear_formula(linear, z), rtol=0, atol=1e-5)
+
+
+def test_complex_rms_norm_inference_gain_follows_weight_changes():
+    """Without gradients the gain [w | w] / sqrt(2) is reused; in-place updates and new tensors must show."""
+    from zpx_hf.modeling_complex import ComplexRMSNorm
+
+    def formula(norm, z):  # w z / sqrt(mean_m |z_m|^2 + eps) with complex128
+        c = torch.complex(z[..., :3], z[..., 3:])
+        out = norm.weight.double() * c / torch.sqrt((c.abs() ** 2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        return torch.cat((out.real, out.imag), dim=-1)
+
+    torch.manual_seed(0)
+    norm = ComplexRMSNorm(3).double()
+    z = torch.randn(4, 6, dtype=torch.float64)
+    with torch.no_grad():
+        torch.nn.init.normal_(norm.weight)
+        torch.testing.assert_close(norm(z), formula(norm, z), rtol=0, atol=1e-13)
+        norm.weight.mul_(-3.0)  # as an optimizer step does
+        torch.testing.assert_close(norm(z), formula(norm, z), rtol=0, atol=1e-13)
+        norm.weight = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))
+        torch.testing.assert_close(norm(z), formula(norm, z), rtol=0, atol=1e-13)
+    torch.testing.assert_close(norm(z), formula(norm, z), rtol=0, atol=1e-13)  # with gradients: no kept gain

@@ -101,15 +101,17 @@ def complex_matmul_gauss(z: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> t
     return out.view(*z.shape[:-1], out.shape[-1])
 
 
-def complex_matmul_stacked(z: torch.Tensor, weight_t: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
+def complex_matmul_stacked(z: torch.Tensor, weight_t: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
     """The same map for few rows (decoding): the rows x, y share one GEMM with weight_t = [A; B]^T [n, 2N], so
-    A and B are read once (a GEMV on the block weight reads 4 n N values, this 2 n N):
+    A and B are read once (a GEMV on the block weight reads 4 n N values, this 2 n N); a 2 x 4 GEMM then mixes
+    the four products (exact: its entries are 0 and +-1):
 
-        [x; y] [A; B]^T = [[Ax, Bx], [Ay, By]],   out = [Ax, Bx] + sign [By, Ay],   sign = [[-1], [1]]
+        [x; y] [A; B]^T = [[Ax, Bx], [Ay, By]],   out = mix [Ax; Bx; Ay; By] = [Ax - By; Bx + Ay],
+        mix = [[1, 0, 0, -1], [0, 1, 1, 0]]
     """
     n, n_out = weight_t.shape[0], weight_t.shape[1] // 2
-    r = torch.mm(z.reshape(-1, n), weight_t).view(-1, 2, 2, n_out)  # [M, (x, y), (A, B), N]
-    out = torch.addcmul(r[:, 0], r[:, 1].flip(-2), sign)
+    r = torch.mm(z.view(-1, n) if z.is_contiguous() else z.reshape(-1, n), weight_t)  # [M * (x, y), (A, B) * N]
+    out = torch.mm(mix, r.view(4, n_out)) if r.shape[0] == 2 else torch.matmul(mix, r.view(-1, 4, n_out))
     return out.view(*z.shape[:-1], 2 * n_out)
 
 
@@ -123,10 +125,10 @@ def _complex_bias(layers: tuple[ComplexLinear, ...]) -> torch.Tensor | None:
 
 
 def _stacked_weights(layers: tuple[ComplexLinear, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """([A_1; A_2; ...; B_1; B_2; ...]^T [n, 2N], sign [[-1], [1]]) for `complex_matmul_stacked`."""
+    """([A_1; A_2; ...; B_1; B_2; ...]^T [n, 2N], mix [[1, 0, 0, -1], [0, 1, 1, 0]]) for `complex_matmul_stacked`."""
     weight = torch.cat([m.real.weight for m in layers] + [m.imag.weight for m in layers])
-    sign = torch.tensor([[-1.0], [1.0]], dtype=dtype, device=weight.device)
-    return weight.t(), sign
+    mix = torch.tensor([[1.0, 0.0, 0.0, -1.0], [0.0, 1.0, 1.0, 0.0]], dtype=dtype, device=weight.device)
+    return weight.t(), mix
 
 
 def complex_linear(z: torch.Tensor, layers: tuple[ComplexLinear, ...]) -> torch.Tensor:
@@ -151,21 +153,22 @@ def complex_linear(z: torch.Tensor, layers: tuple[ComplexLinear, ...]) -> torch.
         out, bias = complex_matmul_gauss(z, a, b), _complex_bias(layers)
         return out if bias is None else out + bias
     if grad:
-        weight_t, sign = _stacked_weights(layers, z.dtype)
+        weight_t, mix = _stacked_weights(layers, z.dtype)
         bias = _complex_bias(layers)
     else:
         owner = layers[0]
-        key = [len(layers), z.dtype, owner.real.weight.dtype, owner.real.weight.device]
+        key = [z.dtype]  # each parameter by object, storage and version (dicts read directly: no Module lookups)
         for m in layers:
-            for p in (m.real.weight, m.imag.weight, m.real.bias, m.imag.bias):
-                if p is not None:
-                    key += (p.data_ptr(), p._version)
+            for sub in (m._modules["real"], m._modules["imag"]):
+                for p in sub._parameters.values():
+                    if p is not None:
+                        key += (id(p), p.data_ptr(), p._version)
         if owner._inference_cache is None or owner._inference_cache[0] != key:
             with torch.no_grad():
-                weight_t, sign = _stacked_weights(layers, z.dtype)
-                owner._inference_cache = (key, weight_t.contiguous(), sign, _complex_bias(layers))
-        _, weight_t, sign, bias = owner._inference_cache
-    out = complex_matmul_stacked(z, weight_t, sign)
+                weight_t, mix = _stacked_weights(layers, z.dtype)
+                owner._inference_cache = (key, weight_t.contiguous(), mix, _complex_bias(layers))
+        _, weight_t, mix, bias = owner._inference_cache
+    out = complex_matmul_stacked(z, weight_t, mix)
     return out if bias is None else out + bias
 
 
@@ -188,12 +191,15 @@ class ComplexLinear(nn.Module):
         self.out_features = out_features
         self.real = nn.Linear(in_features, out_features, bias=bias)
         self.imag = nn.Linear(in_features, out_features, bias=bias)
-        self._inference_cache = None  # (key, weight_t, sign, bias) of `complex_linear`'s no-grad stacked GEMM
+        self._inference_cache = None  # (key, weight_t, mix, bias) of `complex_linear`'s no-grad stacked GEMM
 
     def plain(self) -> bool:
         """Both sub-modules plain hook-free `nn.Linear`s (else `forward_submodules` runs)."""
-        return all(
-            type(m) is nn.Linear and not (m._forward_hooks or m._forward_pre_hooks) for m in (self.real, self.imag)
+        real, imag = self._modules["real"], self._modules["imag"]  # dicts read directly: no Module lookups
+        return (
+            type(real) is nn.Linear
+            and type(imag) is nn.Linear
+            and not (real._forward_hooks or real._forward_pre_hooks or imag._forward_hooks or imag._forward_pre_hooks)
         )
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
@@ -232,14 +238,28 @@ class ComplexRMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(complex_dim))
         self.variance_epsilon = eps
+        self._inference_gain = None  # (weight, key, gain) kept by `gain` without gradients
+
+    def gain(self, dtype: torch.dtype) -> torch.Tensor:
+        """[w | w] / sqrt(2) in `dtype`; without gradients kept until the weight changes (in place or a new tensor)."""
+        weight = self.weight
+        if (torch.is_grad_enabled() and weight.requires_grad) or torch.compiler.is_compiling():
+            weight = weight.to(dtype)
+            return torch.cat((weight, weight)) * 2**-0.5
+        key = (dtype, weight.data_ptr(), weight._version)
+        cached = self._inference_gain
+        if cached is None or cached[0] is not weight or cached[1] != key:
+            with torch.no_grad():
+                weight_d = weight.to(dtype)
+                cached = self._inference_gain = (weight, key, torch.cat((weight_d, weight_d)) * 2**-0.5)
+        return cached[2]
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         z32 = upcast(z)
         # mean_m |z_m|^2 = 2 mean over the 2n parts, so this is the real RMS norm of [re | im] with eps / 2 and
         # the gain [w | w] / sqrt(2) (one fused op): w z / sqrt(2 (mean + eps / 2)) = w z / sqrt(mean_m |z_m|^2 + eps)
-        weight = self.weight.to(z32.dtype)
-        weight = torch.cat((weight, weight)) * 2**-0.5
-        return F.rms_norm(z32, (z32.shape[-1],), weight, self.variance_epsilon / 2).to(z.dtype)
+        out = F.rms_norm(z32, (z32.shape[-1],), self.gain(z32.dtype), self.variance_epsilon / 2)
+        return out if out.dtype == z.dtype else out.to(z.dtype)
 
     def extra_repr(self) -> str:
         return f"complex_dim={self.weight.shape[0]}, eps={self.variance_epsilon}"
@@ -261,7 +281,7 @@ class ModReLU(nn.Module):
         pairs = complex_pairs(z)
         inverse = torch.rsqrt(upcast(pairs).square().sum(-2, keepdim=True) + self.eps)  # 1 / |z|, [..., 1, n]
         scale = (inverse * upcast(self.bias)).add_(1.0).relu_()  # relu(|z| + b) / |z| = relu(1 + b / |z|)
-        return (pairs * scale.to(z.dtype)).flatten(-2)
+        return (pairs * (scale if scale.dtype == z.dtype else scale.to(z.dtype))).flatten(-2)
 
     def extra_repr(self) -> str:
         return f"complex_dim={self.bias.shape[0]}"

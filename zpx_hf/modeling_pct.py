@@ -37,8 +37,9 @@ from .modeling_common import (
     trim_static_cache,
 )
 from .modeling_complex import ComplexEmbedding, ComplexLinear, ComplexRMSNorm, ModReLU, complex_linear
-from .ops_pct import pct_attention, pct_attention_weights
+from .ops_pct import pct_attention, pct_attention_weights, resolve_kernel
 from .ops_pct_naive import autocast_off
+from .ops_pct_tiled import pct_attention_decode
 from .rotary_srpe import build_rotary
 
 
@@ -71,7 +72,11 @@ def pct_attention_sdpa(
     causal: bool,
     key_padding_mask: torch.Tensor | None,
 ) -> tuple[torch.Tensor, None]:
-    """The fast path: Triton on CUDA, the memory-lean tiled PyTorch path elsewhere; no L x L tensor."""
+    """The fast path: Triton on CUDA, the memory-lean tiled PyTorch path elsewhere; no L x L tensor. One query
+    row off CUDA (decoding): `pct_attention_decode` directly, without the entry point's checks (shapes here are
+    the model's own)."""
+    if query.shape[2] == 1 and resolve_kernel("auto", query) == "tiled":
+        return pct_attention_decode(query, key, value, tau, bias, key_padding_mask), None
     output = pct_attention(
         query, key, value, tau, bias, causal=causal, key_padding_mask=key_padding_mask, kernel="auto"
     )
@@ -83,23 +88,35 @@ ALL_ATTENTION_FUNCTIONS = AttentionInterface()
 ALL_ATTENTION_FUNCTIONS["sdpa"] = pct_attention_sdpa
 
 
+def rotation_tables(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """SRPE/RoPE tables [B, L, d] -> (cos [B, 1, L, 1, d], [-sin, sin] [B, 1, L, 2, d]) in `dtype` (at least
+    float32), shaped for `normalize_rotate`'s pairs; built once per forward, shared by every layer."""
+    dtype = torch.float64 if dtype == torch.float64 else torch.float32  # promote_types(dtype, float32)
+    if cos.dtype != dtype:
+        cos, sin = cos.to(dtype), sin.to(dtype)
+    sin = sin[:, None, :, None, :]
+    return cos[:, None, :, None, :], torch.cat((-sin, sin), dim=-2)
+
+
 def normalize_rotate(
     pairs: torch.Tensor, eps: float, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None
 ) -> torch.Tensor:
     """q' = q / sqrt(sum_m |q_m|^2 + eps) * r e^{i Theta} per complex feature, in float32 at least.
 
-    `pairs` [..., B, H, L, 2, d] (row 0 re, row 1 im; queries and keys stacked in front); tables [B, L, d].
+    `pairs` [..., B, H, L, 2, d] (row 0 re, row 1 im; queries and keys stacked in front); tables from
+    `rotation_tables`: cos [B, 1, L, 1, d], signed sin [B, 1, L, 2, d].
     Rotation: [re, im] cos + [im, re] [-sin, sin] = [re cos - im sin, im cos + re sin].
     """
     z32 = upcast(pairs)
-    inverse = torch.rsqrt(z32.square().sum((-2, -1), keepdim=True) + eps)  # 1 / ||q||, [..., 1, 1]
+    inverse = torch.rsqrt(z32.square().sum((-2, -1), keepdim=True).add_(eps))  # 1 / ||q||, [..., 1, 1]
     if position_embeddings is None:
-        return (z32 * inverse).to(pairs.dtype)
-    cos, sin = position_embeddings
-    cos = cos.to(z32.dtype)[:, None, :, None, :]  # [B, 1, L, 1, d]
-    sin = sin.to(z32.dtype)[:, None, :, None, :]
-    signed_sin = torch.cat((-sin, sin), dim=-2)  # [B, 1, L, 2, d]
-    return torch.addcmul(z32 * cos, z32.flip(-2), signed_sin).mul_(inverse).to(pairs.dtype)
+        out = z32 * inverse
+    else:
+        cos, signed_sin = position_embeddings
+        if cos.dtype != z32.dtype:
+            cos, signed_sin = cos.to(z32.dtype), signed_sin.to(z32.dtype)
+        out = torch.addcmul(z32 * cos, z32.flip(-2), signed_sin).mul_(inverse)
+    return out if out.dtype == pairs.dtype else out.to(pairs.dtype)
 
 
 class PCTAttention(nn.Module):
@@ -112,6 +129,7 @@ class PCTAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.head_dim = config.complex_head_dim
         self.is_causal = config.causal
+        self.qk_norm_eps = config.qk_norm_eps
         inner = self.num_heads * self.head_dim
         width = config.complex_hidden_size
         self.q_proj = ComplexLinear(width, inner, bias=config.attention_bias)
@@ -152,7 +170,7 @@ class PCTAttention(nn.Module):
             qkv = torch.cat([p(hidden_states).unflatten(-1, (2, -1)) for p in projections], dim=-1).flatten(-2)
         # [B, L, (re, im), (q, k, v), H, d] -> [(q, k, v), B, H, L, (re, im), d]
         qkv = qkv.view(batch, length, 2, 3, self.num_heads, self.head_dim).permute(3, 0, 4, 1, 2, 5).contiguous()
-        query, key = normalize_rotate(qkv[:2], self.config.qk_norm_eps, position_embeddings).flatten(-2).unbind(0)
+        query, key = normalize_rotate(qkv[:2], self.qk_norm_eps, position_embeddings).flatten(-2).unbind(0)
         value = qkv[2].flatten(-2)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
@@ -236,9 +254,11 @@ class PCTModel(GeometricModel, PCTPreTrainedModel):
     def position_embeddings(
         self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """SRPE/RoPE tables shaped for `normalize_rotate` (`rotation_tables`), once per forward; None without."""
         if self.rotary_emb is None:
             return None
-        return self.rotary_emb.pair_tables(position_ids, inputs_embeds.device)
+        cos, sin = self.rotary_emb.pair_tables(position_ids, inputs_embeds.device)
+        return rotation_tables(cos, sin, inputs_embeds.dtype)
 
 
 class PCTForCausalLM(ForCausalLMHead, PCTPreTrainedModel, GenerationMixin):

@@ -12,9 +12,14 @@ state. Per panel, with q' = tau q (tau folded into the query):
                db = sum ds
 
 Accumulation in float32 at least (float64 stays float64), autocast off inside the op.
+
+One query row (decoding with a KV cache) takes `pct_attention_decode`: no panels, plain autograd, every
+cached key visible under causality (the query is the last position), so only padding masks pairs.
 """
 
 from __future__ import annotations
+
+import struct
 
 import torch
 
@@ -122,6 +127,50 @@ class _PCTAttentionTiled(torch.autograd.Function):
         )
 
 
+def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`tensor.to(dtype)`, without a dispatched call when the dtype already matches."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
+
+
+def _gate_number(number: float, acc: torch.dtype) -> float | torch.Tensor:
+    """A Python tau or bias as `prepare_inputs` reads it (a tensor of the default dtype, ints int64, raised to
+    float32 at least), in `acc`: with float32 the default, a host-side float32 rounding (no tensor op)."""
+    if torch.get_default_dtype() == torch.float32 and not torch.compiler.is_compiling():
+        try:
+            return struct.unpack("f", struct.pack("f", number))[0]
+        except OverflowError:  # beyond float32's range: the tensor path gives inf
+            pass
+    value = torch.as_tensor(number)
+    return value.to(torch.promote_types(value.dtype, torch.float32)).to(acc)
+
+
+def pct_attention_decode(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    tau: torch.Tensor | float,
+    bias: torch.Tensor | float,
+    key_padding_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One query per (batch, head): out = sigmoid(tau q.K^T + b) V, padded keys exactly 0.
+
+    query [B, H, 1, D] (the last position: causal or not, it sees every key), key/value [B, H, Lk, D]; tau and
+    bias [H] tensors or Python numbers; key_padding_mask [B, Lk] bool or None. No input checks: callers pass
+    shapes `prepare_inputs` accepts (the model, or `pct_attention_tiled` after its checks).
+    """
+    acc = torch.float64 if query.dtype == torch.float64 else torch.float32  # promote_types(dtype, float32)
+    with autocast_off(query):
+        # a Python number is rounded as `prepare_inputs` rounds it (so prefill and decoding agree)
+        tau = _as(tau, acc).view(-1, 1, 1) if isinstance(tau, torch.Tensor) else _gate_number(tau, acc)
+        bias = _as(bias, acc).view(-1, 1, 1) if isinstance(bias, torch.Tensor) else _gate_number(bias, acc)
+        raw = torch.matmul(_as(query, acc) * tau, _as(key, acc).transpose(-1, -2))  # tau q.k_j, [B, H, 1, Lk]
+        gate = torch.sigmoid(raw.add_(bias))
+        if key_padding_mask is not None:
+            gate = gate.masked_fill(~key_padding_mask[:, None, None, :], 0.0)  # not in place: sigmoid's backward
+        out = torch.matmul(gate, _as(value, acc))
+    return _as(out, query.dtype)
+
+
 def pct_attention_tiled(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -134,9 +183,11 @@ def pct_attention_tiled(
 ) -> torch.Tensor:
     """PCT sigmoid attention in query panels with a recomputing backward (module doc); any device and dtype."""
     tau, bias, key_padding_mask = prepare_inputs(query, key, value, tau, bias, key_padding_mask)
+    if query.shape[2] == 1:
+        return pct_attention_decode(query, key, value, tau, bias, key_padding_mask)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, tau, bias)):
         return _PCTAttentionTiled.apply(query, key, value, tau, bias, key_padding_mask, bool(causal))
     return _forward(query, key, value, tau, bias, key_padding_mask, bool(causal))
 
 
-__all__ = ["PANEL_ROWS", "pct_attention_tiled"]
+__all__ = ["PANEL_ROWS", "pct_attention_decode", "pct_attention_tiled"]
