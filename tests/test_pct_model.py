@@ -210,3 +210,40 @@ def test_cuda_bf16_model_dispatches_to_triton_and_matches_reference():
     assert torch.isfinite(grads["sdpa"]).all()
     cosine = torch.nn.functional.cosine_similarity(grads["sdpa"].flatten(), grads["eager"].flatten(), dim=0)
     assert cosine > 0.99
+
+
+def test_generate_keeps_derived_weights_for_one_call_only():
+    """Inside `generate` the stacked projection weights and norm gains are built once; a later call must see
+    parameters changed in between, also through `.data` (no version trace, as PEFT's merge writes)."""
+    import copy
+
+    from zpx_hf.modeling_blocks import derived_weight, keep_derived_weights
+
+    torch.manual_seed(0)
+    model = PCTForCausalLM(tiny_config()).double().eval()
+    ids = torch.randint(3, 50, (1, 5))
+
+    def scores(m):
+        out = m.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0,
+                         output_scores=True, return_dict_in_generate=True)  # fmt: skip
+        return torch.stack(out.scores)
+
+    before = scores(model)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.data.add_(0.05 * torch.randn_like(parameter))
+    after = scores(model)
+    fresh = scores(copy.deepcopy(model))  # new modules: nothing kept from an earlier call
+    assert not torch.allclose(after, before)
+    torch.testing.assert_close(after, fresh, rtol=0, atol=0)
+
+    built = []
+    with keep_derived_weights():
+        with torch.no_grad():
+            kept = [derived_weight(("k",), lambda: built.append(1) or torch.ones(1)) for _ in range(3)]
+        assert len(built) == 1 and kept[0] is kept[2]
+        derived_weight(("k",), lambda: built.append(1) or torch.ones(1))  # gradients on: built, not kept
+    assert len(built) == 2
+    with torch.no_grad():
+        derived_weight(("k",), lambda: built.append(1) or torch.ones(1))  # outside `generate`: built every call
+    assert len(built) == 3

@@ -398,7 +398,8 @@ def test_complex_linear_hooks_on_sub_modules_see_the_inputs():
 
 
 def test_complex_linear_inference_weight_follows_weight_changes():
-    """Without gradients the stacked weight [A; B]^T is reused; in-place updates and new tensors must show."""
+    """Without gradients (few rows: the stacked [A; B]^T), in-place updates, `.data` writes (which leave no version
+    trace, as PEFT's merge does) and new tensors must show."""
     torch.manual_seed(0)
     linear = ComplexLinear(4, 3, bias=True).double()
     z = torch.randn(2, 8, dtype=torch.float64)
@@ -407,6 +408,9 @@ def test_complex_linear_inference_weight_follows_weight_changes():
         linear.imag.weight.add_(1.0)  # as an optimizer step does
         linear.real.bias.mul_(-2.0)
         torch.testing.assert_close(linear(z), complex_linear_formula(linear, z), rtol=0, atol=1e-13)
+        linear.real.weight.data.add_(0.5)
+        linear.imag.bias.data.mul_(3.0)
+        torch.testing.assert_close(linear(z), complex_linear_formula(linear, z), rtol=0, atol=1e-13)
         linear.real.weight = torch.nn.Parameter(torch.randn(3, 4, dtype=torch.float64))
         torch.testing.assert_close(linear(z), complex_linear_formula(linear, z), rtol=0, atol=1e-13)
         linear.float()
@@ -414,7 +418,7 @@ def test_complex_linear_inference_weight_follows_weight_changes():
 
 
 def test_complex_rms_norm_inference_gain_follows_weight_changes():
-    """Without gradients the gain [w | w] / sqrt(2) is reused; in-place updates and new tensors must show."""
+    """Without gradients, in-place updates, `.data` writes and new tensors of the gain's weight must show."""
     from zpx_hf.modeling_complex import ComplexRMSNorm
 
     def formula(norm, z):  # w z / sqrt(mean_m |z_m|^2 + eps) with complex128
@@ -430,6 +434,8 @@ def test_complex_rms_norm_inference_gain_follows_weight_changes():
         torch.testing.assert_close(norm(z), formula(norm, z), rtol=0, atol=1e-13)
         norm.weight.mul_(-3.0)  # as an optimizer step does
         torch.testing.assert_close(norm(z), formula(norm, z), rtol=0, atol=1e-13)
+        norm.weight.data.add_(0.25)  # no version bump
+        torch.testing.assert_close(norm(z), formula(norm, z), rtol=0, atol=1e-13)
         norm.weight = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))
         torch.testing.assert_close(norm(z), formula(norm, z), rtol=0, atol=1e-13)
-    torch.testing.assert_close(norm(z), formula(norm, z), rtol=0, atol=1e-13)  # with gradients: no kept gain
+    torch.testing.assert_close(norm(z), formula(norm, z), rtol=0, atol=1e-13)  # with gradients

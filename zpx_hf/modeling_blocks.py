@@ -7,7 +7,10 @@ up to 5.2x, `cache` later). The backbone and heads that use them live in `modeli
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -28,6 +31,34 @@ def pop_cache_kwarg(past_key_values: Any, kwargs: dict) -> Any:
     """Accept the cache under either name (`past_key_values` or, in newer transformers, `cache`)."""
     cache = kwargs.pop("cache", None)
     return past_key_values if past_key_values is not None else cache
+
+
+# Weights derived from parameters (stacked, fused) kept for the span of one `generate` call, where parameters
+# cannot change; outside it they are rebuilt on every call (a copy kept longer could go stale: writes through
+# `.data`, as PEFT's merge does, leave no trace on a parameter).
+_DERIVED_WEIGHTS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("derived_weights", default=None)
+
+
+@contextlib.contextmanager
+def keep_derived_weights() -> Iterator[None]:
+    """Inside: `derived_weight` builds each derived weight once; on exit every kept weight is dropped."""
+    token = _DERIVED_WEIGHTS.set({})
+    try:
+        yield
+    finally:
+        _DERIVED_WEIGHTS.reset(token)
+
+
+def derived_weight(key: tuple, build: Callable[[], Any]) -> Any:
+    """`build()`, kept under `key` while `keep_derived_weights` is active (and no gradient is recorded)."""
+    if torch.compiler.is_compiling() or torch.is_grad_enabled():  # (compiled graphs cannot read a ContextVar)
+        return build()
+    kept = _DERIVED_WEIGHTS.get()
+    if kept is None:
+        return build()
+    if key not in kept:
+        kept[key] = build()
+    return kept[key]
 
 
 def upcast(x: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ from .modeling_blocks import (
     check_inputs,
     default_position_ids,
     hf_init,
+    keep_derived_weights,
     pool_last_token,
     pop_cache_kwarg,
 )
@@ -299,6 +300,12 @@ class ForCausalLMHead:
 
     def set_input_embeddings(self, value: nn.Module) -> None:
         self.model.embed_tokens = value
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        # Parameters cannot change inside one `generate` call: weights derived from them are built once for
+        # the call instead of once per token (`modeling_blocks.derived_weight`).
+        with keep_derived_weights():
+            return super().generate(*args, **kwargs)
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head

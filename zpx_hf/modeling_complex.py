@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .modeling_blocks import upcast
+from .modeling_blocks import derived_weight, upcast
 
 
 def complex_parts(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,12 +135,10 @@ def complex_linear(z: torch.Tensor, layers: tuple[ComplexLinear, ...]) -> torch.
     """Plain `ComplexLinear`s with one input width as one map: [..., 2n] -> [..., 2 (N_1 + N_2 + ...)] laid out
     [re_1 re_2 ... | im_1 im_2 ...] (one layer: `layer(z)`; q, k, v: one projection, keys unchanged).
 
-    Many rows in float32/64: Gauss's three GEMMs. Few rows: one GEMM on the stacked rows (x, y), its weight
-    [A; B]^T kept without gradients until a weight or bias changes (in place or a new tensor); that copy
-    holds as many values as the layers' parameters. Under autocast or in half precision: the block weight
-    [[A, -B], [B, A]] in one autocast-aware `F.linear`.
+    Many rows in float32/64: Gauss's three GEMMs. Few rows: one GEMM on the stacked rows (x, y) against
+    [A; B]^T, built on every call, or once per `generate` call (`derived_weight`). Under autocast or in half
+    precision: the block weight [[A, -B], [B, A]] in one autocast-aware `F.linear`.
     """
-    grad = torch.is_grad_enabled() and any(p.requires_grad for m in layers for p in m.parameters())
     rows = z.numel() // z.shape[-1]
     if torch.is_autocast_enabled(z.device.type) or z.dtype not in _GAUSS_DTYPES:
         a = torch.cat([m.real.weight for m in layers]) if len(layers) > 1 else layers[0].real.weight
@@ -152,22 +150,10 @@ def complex_linear(z: torch.Tensor, layers: tuple[ComplexLinear, ...]) -> torch.
         b = torch.cat([m.imag.weight for m in layers]) if len(layers) > 1 else layers[0].imag.weight
         out, bias = complex_matmul_gauss(z, a, b), _complex_bias(layers)
         return out if bias is None else out + bias
-    if grad:
-        weight_t, mix = _stacked_weights(layers, z.dtype)
-        bias = _complex_bias(layers)
-    else:
-        owner = layers[0]
-        key = [z.dtype]  # each parameter by object, storage and version (dicts read directly: no Module lookups)
-        for m in layers:
-            for sub in (m._modules["real"], m._modules["imag"]):
-                for p in sub._parameters.values():
-                    if p is not None:
-                        key += (id(p), p.data_ptr(), p._version)
-        if owner._inference_cache is None or owner._inference_cache[0] != key:
-            with torch.no_grad():
-                weight_t, mix = _stacked_weights(layers, z.dtype)
-                owner._inference_cache = (key, weight_t.contiguous(), mix, _complex_bias(layers))
-        _, weight_t, mix, bias = owner._inference_cache
+    weight_t, mix, bias = derived_weight(
+        ("complex_linear", *map(id, layers), z.dtype),
+        lambda: (*_stacked_weights(layers, z.dtype), _complex_bias(layers)),
+    )
     out = complex_matmul_stacked(z, weight_t, mix)
     return out if bias is None else out + bias
 
@@ -191,7 +177,6 @@ class ComplexLinear(nn.Module):
         self.out_features = out_features
         self.real = nn.Linear(in_features, out_features, bias=bias)
         self.imag = nn.Linear(in_features, out_features, bias=bias)
-        self._inference_cache = None  # (key, weight_t, mix, bias) of `complex_linear`'s no-grad stacked GEMM
 
     def plain(self) -> bool:
         """Both sub-modules plain hook-free `nn.Linear`s (else `forward_submodules` runs)."""
@@ -238,21 +223,15 @@ class ComplexRMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(complex_dim))
         self.variance_epsilon = eps
-        self._inference_gain = None  # (weight, key, gain) kept by `gain` without gradients
 
     def gain(self, dtype: torch.dtype) -> torch.Tensor:
-        """[w | w] / sqrt(2) in `dtype`; without gradients kept until the weight changes (in place or a new tensor)."""
-        weight = self.weight
-        if (torch.is_grad_enabled() and weight.requires_grad) or torch.compiler.is_compiling():
-            weight = weight.to(dtype)
+        """[w | w] / sqrt(2) in `dtype`, built on every call or once per `generate` call (`derived_weight`)."""
+
+        def build() -> torch.Tensor:
+            weight = self.weight if self.weight.dtype == dtype else self.weight.to(dtype)
             return torch.cat((weight, weight)) * 2**-0.5
-        key = (dtype, weight.data_ptr(), weight._version)
-        cached = self._inference_gain
-        if cached is None or cached[0] is not weight or cached[1] != key:
-            with torch.no_grad():
-                weight_d = weight.to(dtype)
-                cached = self._inference_gain = (weight, key, torch.cat((weight_d, weight_d)) * 2**-0.5)
-        return cached[2]
+
+        return derived_weight(("rms_gain", id(self), dtype), build)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         z32 = upcast(z)
