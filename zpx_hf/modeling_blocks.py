@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -59,6 +60,22 @@ def derived_weight(key: tuple, build: Callable[[], Any]) -> Any:
     if key not in kept:
         kept[key] = build()
     return kept[key]
+
+
+def constant_tables(build: Callable[..., Any]) -> Callable[..., Any]:
+    """`build(*args)` (constant tensors that depend on hashable arguments only, never on parameters) kept per
+    arguments in eager mode: small decoding steps pay per op, and a CUDA constant would be a host-to-device copy
+    per call. Traced fresh inside compiled graphs; built outside inference mode so the kept tensors are normal."""
+    kept = functools.lru_cache(maxsize=64)(build)
+
+    @functools.wraps(build)
+    def tables(*args: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return build(*args)
+        with torch.inference_mode(False):
+            return kept(*args)
+
+    return tables
 
 
 def upcast(x: torch.Tensor) -> torch.Tensor:

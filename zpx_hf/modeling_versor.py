@@ -27,7 +27,7 @@ from transformers.modeling_utils import AttentionInterface
 
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, NUM_GRADES, conformal_algebra
 from .configuration_versor import VersorConfig
-from .modeling_blocks import hf_init, upcast
+from .modeling_blocks import constant_tables, hf_init, upcast
 from .modeling_common import (
     ForCausalLMHead,
     ForSequenceClassificationHead,
@@ -140,11 +140,6 @@ def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if x.dtype == dtype else x.to(dtype)
 
 
-def at_least_float32(x: torch.Tensor) -> torch.Tensor:
-    """`modeling_blocks.upcast` without a dispatch for float32 / float64 inputs."""
-    return x if x.dtype in (torch.float32, torch.float64) else upcast(x)
-
-
 # VersorLinear multiplies and sums directly (no bmm and layout copies) when tokens x in x out is at most this
 SMALL_PRODUCT = 8192
 
@@ -183,23 +178,15 @@ class VersorLinear(nn.Module):
         return f"{self.in_channels} -> {self.out_channels} channels, {NUM_GRADES} grades"
 
 
-_GRADE_MEAN_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
+@constant_tables
 def grade_mean_tables(
     channels: int, eps: float, device: torch.device, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(`[C * 32, 6]` table, `[6]` eps): eps + (x^2 flattened) @ table = eps + mean over channels of each
-    grade's squared norm, in one `addmm` (cached per shape, eps, device and dtype)."""
-    key = (channels, eps, device, dtype)
-    tables = _GRADE_MEAN_TABLES.get(key)
-    if tables is None:
-        onehot = conformal_algebra().table("grade_onehot", torch.device("cpu"), torch.float64)
-        table = (onehot / channels).repeat(channels, 1).to(device=device, dtype=dtype)
-        tables = table, torch.full((NUM_GRADES,), eps, device=device, dtype=dtype)
-        if not torch.compiler.is_compiling():
-            _GRADE_MEAN_TABLES[key] = tables
-    return tables
+    grade's squared norm, in one `addmm`."""
+    onehot = conformal_algebra().table("grade_onehot", torch.device("cpu"), torch.float64)
+    table = (onehot / channels).repeat(channels, 1).to(device=device, dtype=dtype)
+    return table, torch.full((NUM_GRADES,), eps, device=device, dtype=dtype)
 
 
 class VersorNorm(nn.Module):
@@ -214,11 +201,11 @@ class VersorNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., 32 C] -> [..., 32 C], computed in at least float32."""
         input_dtype = x.dtype
-        x = multivectors(at_least_float32(x))
+        x = multivectors(upcast(x))
         squares = x.square().reshape(-1, x.shape[-2] * NUM_BLADES)
         table, eps = grade_mean_tables(x.shape[-2], self.variance_epsilon, x.device, x.dtype)
         per_grade = torch.addmm(eps, squares, table)  # mean_c ||x_{c,g}||^2 + eps, [N, 6]
-        scale = torch.rsqrt(per_grade).view(*x.shape[:-2], 1, NUM_GRADES) * at_least_float32(self.weight)
+        scale = torch.rsqrt(per_grade).view(*x.shape[:-2], 1, NUM_GRADES) * upcast(self.weight)
         spread = conformal_algebra().table("grade_spread", x.device, x.dtype)  # [6, 32]
         return cast((x * (scale @ spread)).flatten(-2), input_dtype)
 
@@ -320,7 +307,7 @@ class VersorRRA(nn.Module):
 
     def bivectors(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """B_t = s tanh(W x_t), float32 [B, L, H, 10] (BIVECTOR_MASKS order) from the normed stream."""
-        bivectors = torch.tanh(at_least_float32(self.bivector_proj(hidden_states)))
+        bivectors = torch.tanh(upcast(self.bivector_proj(hidden_states)))
         if self.bivector_scale != 1.0:
             bivectors = self.bivector_scale * bivectors
         return bivectors.view(*bivectors.shape[:-1], self.num_heads, len(BIVECTOR_MASKS))

@@ -16,15 +16,13 @@ k^. The term-by-term reference is `ops_zpx_naive.zpx_attention_naive` (same sign
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from .modeling_blocks import build_attention_mask, upcast, uses_is_causal
+from .modeling_blocks import build_attention_mask, constant_tables, upcast, uses_is_causal
 from .ops_zpx_naive import PHASE_FEATURES
 
 
@@ -112,11 +110,7 @@ def augment_query(
     return query_aug if query_aug.dtype == query.dtype else query_aug.to(query.dtype)
 
 
-# Constant tensors of the formulas above: built once per (constants, dtype, device) in eager mode (small
-# decoding steps pay per op, and a CUDA constant would be a host-to-device copy per call), traced inside
-# compiled graphs.
-
-
+@constant_tables
 def query_coefficients(
     head_dim: int,
     feature_dim: int,
@@ -127,54 +121,20 @@ def query_coefficients(
     device: torch.device,
 ) -> torch.Tensor:
     """[scaling] * d + [la/C] * 2C + [ls/C] * 3C, the multipliers of [q, features] in `augment_query`."""
-    build = _build_query_coefficients if torch.compiler.is_compiling() else _cached_query_coefficients
-    return build(head_dim, feature_dim, scaling, lambda_angle, lambda_sphere, dtype, device)
-
-
-def phase_constants(
-    max_log_radius: float, trailing: int, dtype: torch.dtype, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(1/R, 1, 1/2), (R, pi, pi/2), (0, 0, pi/2) of `phase_from_stacked`, shaped [3] + [1] * trailing."""
-    build = _build_phase_constants if torch.compiler.is_compiling() else _cached_phase_constants
-    return build(max_log_radius, trailing, dtype, device)
-
-
-def _build_query_coefficients(
-    head_dim: int,
-    feature_dim: int,
-    scaling: float,
-    lambda_angle: float,
-    lambda_sphere: float,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> torch.Tensor:
     channels = feature_dim // PHASE_FEATURES
     values = [scaling] * head_dim + [lambda_angle / channels] * (2 * channels)
     values += [lambda_sphere / channels] * (3 * channels)
     return torch.tensor(values, dtype=dtype, device=device)
 
 
-def _build_phase_constants(
+@constant_tables
+def phase_constants(
     max_log_radius: float, trailing: int, dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(1/R, 1, 1/2), (R, pi, pi/2), (0, 0, pi/2) of `phase_from_stacked`, shaped [3] + [1] * trailing."""
     shape = (3,) + (1,) * trailing
     rows = ((1.0 / max_log_radius, 1.0, 0.5), (max_log_radius, math.pi, math.pi / 2), (0.0, 0.0, math.pi / 2))
     return tuple(torch.tensor(row, dtype=dtype, device=device).view(shape) for row in rows)
-
-
-def _cached(build: Callable) -> Callable:
-    """`build` kept per arguments; the tensors are normal ones even when first built under inference mode."""
-
-    @functools.lru_cache(maxsize=64)
-    def cached(*args: Any) -> Any:
-        with torch.inference_mode(False):
-            return build(*args)
-
-    return cached
-
-
-_cached_query_coefficients = _cached(_build_query_coefficients)
-_cached_phase_constants = _cached(_build_phase_constants)
 
 
 def center_cancellation_loss(state: PhaseState, token_mask: torch.Tensor | None, token_dim: int = 1) -> torch.Tensor:
