@@ -325,8 +325,9 @@ def markdown(
     if any(v.endswith(TIME_SUFFIX) for v in variants):
         lines += [
             "",
-            "Wall-clock-matched rows train the same model as their parameter-matched row, but stop after the "
-            "baseline's median training seconds for that task (on a shared machine, so the step count is noisy; "
+            "Wall-clock-matched rows train the same model as their parameter-matched row for the baseline's median "
+            "training seconds on that task instead of the step budget: more steps than the budget where the model "
+            "is faster per step, fewer where it is slower (on a shared machine, so the step count is noisy; "
             "`steps_done` is in the csv).",
         ]
     if failures:

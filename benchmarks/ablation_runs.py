@@ -135,6 +135,9 @@ def train_seed(seed: int, step: int) -> int:
 # ---- training -------------------------------------------------------------------------------------
 
 
+WALL_CLOCK_STEP_CAP = 20  # a wall-clock-matched run stops at 20x the step budget even if time remains
+
+
 def train_loop(
     model: torch.nn.Module,
     loss_fn: Callable[[int], torch.Tensor],
@@ -143,8 +146,9 @@ def train_loop(
     probe: Callable[[int], bool] | None = None,
     probe_every: int = 0,
 ) -> dict[str, Any]:
-    """AdamW, warm-up then constant lr; `loss_fn(step)` builds its own batch. Stops after `budget.steps`, after
-    `seconds` of training (wall-clock-matched rows), or when `probe(step)` returns True (calibration)."""
+    """AdamW, warm-up then constant lr; `loss_fn(step)` builds its own batch. Stops after `budget.steps`, or when
+    `probe(step)` returns True (calibration). With `seconds` (wall-clock-matched rows) it trains for exactly that
+    long instead, fewer or more steps than the budget (at most `WALL_CLOCK_STEP_CAP` times it)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=budget.lr, weight_decay=budget.weight_decay)
     warmup = max(1, budget.warmup)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
@@ -152,7 +156,9 @@ def train_loop(
     model.train()
     start = time.perf_counter()
     step = 0
-    for step in range(budget.steps):
+    # A faster model matched on wall-clock trains more steps than the budget, not the budget's steps sooner.
+    max_steps = budget.steps if seconds is None else budget.steps * WALL_CLOCK_STEP_CAP
+    for step in range(max_steps):
         loss = loss_fn(step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -340,6 +346,7 @@ __all__ = [
     "Rows",
     "SizeSpec",
     "TaskBudget",
+    "WALL_CLOCK_STEP_CAP",
     "as_batch",
     "evaluate_lm",
     "io_shape",

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -248,6 +249,23 @@ def test_resume_keeps_rows_of_the_current_budget_and_skips_them(tmp_path):
         ("versor_hybrid", "mqar", 0),
         ("versor_hybrid", "passkey", 0),
     ]
+
+
+def test_wall_clock_matched_training_runs_for_the_seconds_not_the_step_budget():
+    import torch
+
+    budget = runs_module.TaskBudget(steps=3, batch=1, lr=1e-3, warmup=1)
+    weight = torch.nn.Linear(2, 1)
+
+    def loss_fn(step):
+        time.sleep(0.01)
+        return weight(torch.ones(1, 2)).pow(2).sum()
+
+    assert runs_module.train_loop(weight, loss_fn, budget)["steps_done"] == 3
+    # a model faster per step than the baseline keeps training until the baseline's seconds are spent
+    matched = runs_module.train_loop(weight, loss_fn, budget, seconds=0.2)
+    assert 3 < matched["steps_done"] <= 3 * runs_module.WALL_CLOCK_STEP_CAP
+    assert matched["train_seconds"] >= 0.2 or matched["steps_done"] == 3 * runs_module.WALL_CLOCK_STEP_CAP
 
 
 def test_task_sequence_lengths_fit_generators():
