@@ -73,3 +73,40 @@ def test_bidirectional_encoder_sees_the_future(tiny_config):
     assert not torch.allclose(first, model(input_ids=changed).last_hidden_state[0, 0])
     with pytest.raises(ValueError, match="causal"):
         ZPXForCausalLM(tiny_config("zpx", causal=False))
+
+
+@pytest.mark.parametrize("attention_bias", [False, True])
+def test_fused_decoding_projections_match_the_separate_projections(attention_bias, tiny_config):
+    """Inside `generate` (derived weights kept) q, k, v and the three phase encoders run as one matmul with q and
+    k rotated together; logits of a prefill and cached steps equal the separate path's (float64)."""
+    from zpx_hf.modeling_blocks import keep_derived_weights
+
+    torch.manual_seed(0)
+    config = tiny_config("zpx", attention_bias=attention_bias, phase_bias=not attention_bias)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").double().eval()
+    for parameter in model.parameters():  # biases start at zero: make every term count
+        torch.nn.init.normal_(parameter, std=0.2)
+    ids = torch.randint(3, 61, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+
+    def prefill_and_steps():
+        out = model(input_ids=ids[:, :6], attention_mask=mask[:, :6], use_cache=True)
+        logits, cache = [out.logits], out.past_key_values
+        for t in range(6, 9):
+            out = model(input_ids=ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=cache)
+            logits.append(out.logits)
+        return torch.cat(logits, dim=1)
+
+    attention = model.model.layers[0].self_attn
+    hidden = torch.randn(2, 3, config.hidden_size, dtype=torch.float64)
+    with torch.no_grad():
+        separate = prefill_and_steps()
+        assert attention.fused_projections(hidden) is None
+        with keep_derived_weights():
+            assert attention.fused_projections(hidden) is not None
+            fused = prefill_and_steps()
+            handle = attention.phase_encoder.to_b.register_forward_hook(lambda *args: None)
+            assert attention.fused_projections(hidden) is None  # a hooked projection runs as itself
+            handle.remove()
+    torch.testing.assert_close(fused, separate, rtol=1e-10, atol=1e-10)

@@ -62,18 +62,30 @@ def derived_weight(key: tuple, build: Callable[[], Any]) -> Any:
     return kept[key]
 
 
+def derived_weights_kept() -> bool:
+    """Whether `derived_weight` keeps what it builds here (inside `generate`, eager, no gradient): a path that
+    pays a weight concatenation per call only where it is paid once."""
+    if torch.compiler.is_compiling() or torch.is_grad_enabled():
+        return False
+    return _DERIVED_WEIGHTS.get() is not None
+
+
 def constant_tables(build: Callable[..., Any]) -> Callable[..., Any]:
     """`build(*args)` (constant tensors that depend on hashable arguments only, never on parameters) kept per
     arguments in eager mode: small decoding steps pay per op, and a CUDA constant would be a host-to-device copy
     per call. Traced fresh inside compiled graphs; built outside inference mode so the kept tensors are normal."""
-    kept = functools.lru_cache(maxsize=64)(build)
+    kept: dict[tuple, Any] = {}
 
     @functools.wraps(build)
     def tables(*args: Any) -> Any:
         if torch.compiler.is_compiling():
             return build(*args)
-        with torch.inference_mode(False):
-            return kept(*args)
+        if args not in kept:  # a hit skips the inference-mode switch (~10 us, the cost of several small ops)
+            if len(kept) >= 64:
+                kept.clear()
+            with torch.inference_mode(False):
+                kept[args] = build(*args)
+        return kept[args]
 
     return tables
 

@@ -20,7 +20,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.modeling_utils import AttentionInterface
 
 from .configuration_zpx import ZPXConfig
-from .modeling_blocks import RMSNorm, SwiGLUMLP
+from .modeling_blocks import RMSNorm, SwiGLUMLP, derived_weight, derived_weights_kept
 from .modeling_common import (
     ForCausalLMHead,
     ForSequenceClassificationHead,
@@ -88,19 +88,36 @@ class ZPXPhaseEncoder(nn.Module):
         self.to_theta = nn.Linear(config.hidden_size, width, bias=config.phase_bias)
         self.to_b = nn.Linear(config.hidden_size, width, bias=config.phase_bias)
 
+    @property
+    def encoders(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+        return (self.to_log_r, self.to_theta, self.to_b)
+
     def forward(self, hidden_states: torch.Tensor) -> PhaseState:
         """PhaseState [B, L, H, C] (token-major: the 5C key features are transposed once, not each field)."""
-        shape = (*hidden_states.shape[:2], 3, self.num_heads, self.phase_channels)
-        encoders = (self.to_log_r, self.to_theta, self.to_b)
+        encoders = self.encoders
         if _plain_linears(encoders):
-            # One matmul for the three encoders, rows [W_r; W_theta; W_b] -> [B, L, 3, H, C]: on a decoding step
+            # One matmul for the three encoders, rows [W_r; W_theta; W_b] -> [B, L, 3HC]: on a decoding step
             # a matmul call costs far more than concatenating these small weights.
-            weight = torch.cat([encoder.weight for encoder in encoders])
-            bias = torch.cat([encoder.bias for encoder in encoders]) if self.to_log_r.bias is not None else None
-            pre = F.linear(hidden_states, weight, bias)
+            pre = F.linear(hidden_states, *_stacked_linears(encoders))
         else:  # wrapped (LoRA, quantised) or hooked encoders run as themselves
-            pre = torch.stack([encoder(hidden_states) for encoder in encoders], dim=2)
-        return phase_from_stacked(pre.view(shape), self.max_log_radius, dim=2)
+            pre = torch.cat([encoder(hidden_states) for encoder in encoders], dim=-1)
+        return self.phase_from_pre_activations(pre)
+
+    def phase_from_pre_activations(self, pre: torch.Tensor) -> PhaseState:
+        """PhaseState from [W_r h | W_theta h | W_b h] [B, L, 3HC]."""
+        return phase_from_stacked(pre.unflatten(-1, (3, self.num_heads, self.phase_channels)), self.max_log_radius, 2)
+
+
+def _stacked_linears(linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Weight and bias of one Linear equal to `linears` side by side (outputs concatenated); a missing bias
+    is zeros when another has one."""
+    weight = torch.cat([linear.weight for linear in linears])
+    if all(linear.bias is None for linear in linears):
+        return weight, None
+    biases = [
+        linear.bias if linear.bias is not None else linear.weight.new_zeros(len(linear.weight)) for linear in linears
+    ]
+    return weight, torch.cat(biases)
 
 
 def _plain_linears(modules: tuple[nn.Module, ...]) -> bool:
@@ -145,15 +162,24 @@ class ZPXAttention(nn.Module):
         kv_length: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, PhaseState]:
         batch, length = hidden_states.shape[:2]
-        hidden_shape = (batch, length, self.num_heads, self.head_dim)
-        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        if position_embeddings is not None:
-            cos, sin = position_embeddings
-            query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
-
-        phase = self.phase_encoder(hidden_states)
+        hidden_shape = (batch, length, -1, self.head_dim)
+        fused = self.fused_projections(hidden_states)
+        if fused is None:
+            query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            if position_embeddings is not None:
+                cos, sin = position_embeddings
+                query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+            phase = self.phase_encoder(hidden_states)
+        else:
+            inner = self.num_heads * self.head_dim
+            query_key = fused[..., : 2 * inner].view(hidden_shape).transpose(1, 2)  # [B, 2H, L, d]
+            if position_embeddings is not None:  # q and k rotated in one pass
+                query_key = apply_rotary(query_key, *position_embeddings)
+            query, key = query_key.split(self.num_heads, dim=1)
+            value = fused[..., 2 * inner : 3 * inner].view(hidden_shape).transpose(1, 2)
+            phase = self.phase_encoder.phase_from_pre_activations(fused[..., 3 * inner :])
         features = phase_key_features(phase).transpose(1, 2)  # [B, H, L, 5C]
         if features.dtype != query.dtype:  # half precision: the phase is computed in float32
             features = features.to(query.dtype)
@@ -180,6 +206,18 @@ class ZPXAttention(nn.Module):
         )
         output = self.o_proj(output.reshape(batch, length, -1))
         return output, weights, phase
+
+    def fused_projections(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        """[q | k | v | W_r h | W_theta h | W_b h] as one matmul while `generate` keeps derived weights (a decoding
+        step pays per call, not per multiply); None elsewhere, or when a projection is wrapped or hooked."""
+        if not derived_weights_kept():
+            return None
+        encoder = self.phase_encoder
+        linears = (self.q_proj, self.k_proj, self.v_proj, *encoder.encoders)
+        if encoder._forward_hooks or encoder._forward_pre_hooks or not _plain_linears(linears):
+            return None
+        weight, bias = derived_weight(("zpx_qkv_phase", id(self)), lambda: _stacked_linears(linears))
+        return F.linear(hidden_states, weight, bias)
 
 
 class ZPXDecoderLayer(GeometricDecoderLayer):
