@@ -27,7 +27,7 @@ from transformers.modeling_utils import AttentionInterface
 
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, NUM_GRADES, conformal_algebra
 from .configuration_versor import VersorConfig
-from .modeling_blocks import constant_tables, hf_init, upcast
+from .modeling_blocks import constant_tables, derived_weight, hf_init, upcast
 from .modeling_common import (
     ForCausalLMHead,
     ForSequenceClassificationHead,
@@ -159,16 +159,21 @@ class VersorLinear(nn.Module):
         """x [..., in, 32] -> [..., out, 32]: one batched matmul over the 32 blades, or for a few tokens
         (decode) one broadcast multiply and sum, which needs fewer op calls (not under autocast, where the
         matmul sets the output dtype)."""
-        grades = conformal_algebra().table("grades", x.device)
         tokens = x.numel() // (self.in_channels * NUM_BLADES)
         small = tokens * self.in_channels * self.out_channels <= SMALL_PRODUCT
         if small and not torch.is_autocast_enabled(x.device.type):  # [..., out, in, 32], summed over in
-            weight = self.weight.permute(1, 2, 0).index_select(-1, grades)  # [out, in, 32], contiguous
-            return (x.unsqueeze(-3) * cast(weight, x.dtype)).sum(-2)
+            weight = derived_weight(("versor_blade_weight", id(self), x.dtype), lambda: self.blade_weight(x.dtype))
+            return (x.unsqueeze(-3) * weight).sum(-2)
+        grades = conformal_algebra().table("grades", x.device)
         weight = self.weight.index_select(0, grades)  # [32, out, in]
         blades = x.reshape(-1, self.in_channels, NUM_BLADES).permute(2, 0, 1)  # [32, N, in]
         out = torch.bmm(blades, cast(weight, x.dtype).transpose(1, 2))  # [32, N, out]
         return out.permute(1, 2, 0).reshape(*x.shape[:-2], self.out_channels, NUM_BLADES)
+
+    def blade_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """[out, in, 32] (the grade weight of every blade), contiguous, in `dtype`; kept per `generate` call."""
+        grades = conformal_algebra().table("grades", self.weight.device)
+        return cast(self.weight.permute(1, 2, 0).index_select(-1, grades), dtype)
 
     def scalar_part(self, x: torch.Tensor) -> torch.Tensor:
         """<forward(x)>_0 `[..., out]` alone: the scalar blade is mixed by the grade-0 weight only."""

@@ -174,12 +174,13 @@ class ZPXAttention(nn.Module):
             phase = self.phase_encoder(hidden_states)
         else:
             inner = self.num_heads * self.head_dim
-            query_key = fused[..., : 2 * inner].view(hidden_shape).transpose(1, 2)  # [B, 2H, L, d]
-            if position_embeddings is not None:  # q and k rotated in one pass
+            query_key, value, pre = fused.split_with_sizes((2 * inner, inner, fused.shape[-1] - 3 * inner), -1)
+            query_key = query_key.view(batch, length, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+            if position_embeddings is not None:  # q and k [2, B, H, L, d] rotated in one pass
                 query_key = apply_rotary(query_key, *position_embeddings)
-            query, key = query_key.split(self.num_heads, dim=1)
-            value = fused[..., 2 * inner : 3 * inner].view(hidden_shape).transpose(1, 2)
-            phase = self.phase_encoder.phase_from_pre_activations(fused[..., 3 * inner :])
+            query, key = query_key.unbind(0)
+            value = value.view(hidden_shape).transpose(1, 2)
+            phase = self.phase_encoder.phase_from_pre_activations(pre)
         features = phase_key_features(phase).transpose(1, 2)  # [B, H, L, 5C]
         if features.dtype != query.dtype:  # half precision: the phase is computed in float32
             features = features.to(query.dtype)
@@ -209,15 +210,19 @@ class ZPXAttention(nn.Module):
 
     def fused_projections(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         """[q | k | v | W_r h | W_theta h | W_b h] as one matmul while `generate` keeps derived weights (a decoding
-        step pays per call, not per multiply); None elsewhere, or when a projection is wrapped or hooked."""
+        step pays per call, not per multiply); None elsewhere, or when a projection is wrapped or hooked (decided
+        once per `generate` call)."""
         if not derived_weights_kept():
             return None
+        stacked = derived_weight(("zpx_qkv_phase", id(self)), self._stacked_projections)
+        return F.linear(hidden_states, *stacked) if stacked is not None else None
+
+    def _stacked_projections(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         encoder = self.phase_encoder
         linears = (self.q_proj, self.k_proj, self.v_proj, *encoder.encoders)
         if encoder._forward_hooks or encoder._forward_pre_hooks or not _plain_linears(linears):
             return None
-        weight, bias = derived_weight(("zpx_qkv_phase", id(self)), lambda: _stacked_linears(linears))
-        return F.linear(hidden_states, weight, bias)
+        return _stacked_linears(linears)
 
 
 class ZPXDecoderLayer(GeometricDecoderLayer):
