@@ -87,7 +87,7 @@ SIZES = {
                 steps=1200,
                 batch=32,
                 lr=1e-3,
-                params={"length": 80, "num_needles": 2, "num_distractors": 2, "num_digits": 3, "compact": True},
+                params={"length": 80, "num_needles": 2, "num_distractors": 2, "num_digits": 2, "compact": True},
             ),
             "selective_copy": TaskBudget(steps=300, batch=64, lr=1e-3, params={"num_tokens": 4, "num_positions": 12}),
             "spiral": TaskBudget(steps=400, batch=64, lr=1e-3, params={"num_points": 24}),

@@ -131,43 +131,16 @@ TRIALS: dict[str, tuple[str, TaskBudget, dict[str, int], str]] = {
         "compact keyed needle: `Q839.` needles (capital key next to its 3-digit number), 2 needles + 2 bare "
         "distractor numbers, question `What is Q? Q`, length 80",
     ),
-    "needle_distinct_80_d3": (
+    "needle_compact_80_d2": (
         "passkey",
         TaskBudget(
             steps=2000,
             batch=32,
             lr=1e-3,
-            params={
-                "length": 80,
-                "num_needles": 2,
-                "num_distractors": 1,
-                "num_digits": 3,
-                "compact": True,
-                "distinct_digits": True,
-            },
+            params={"length": 80, "num_needles": 2, "num_distractors": 2, "num_digits": 2, "compact": True},
         ),
         {},
-        "as needle_compact_80, every digit of the example's numbers distinct (so 1 distractor: 3 numbers x 3 "
-        "digits); in needle_compact_80 the keyed first digit reached 0.99 by step 800 while the 2nd and 3rd "
-        "stayed at ~0.87 / ~0.84: a 2-layer model copies a digit by the one before it, which other numbers share",
-    ),
-    "needle_distinct_80_d2": (
-        "passkey",
-        TaskBudget(
-            steps=2000,
-            batch=32,
-            lr=1e-3,
-            params={
-                "length": 80,
-                "num_needles": 2,
-                "num_distractors": 2,
-                "num_digits": 2,
-                "compact": True,
-                "distinct_digits": True,
-            },
-        ),
-        {},
-        "as needle_distinct_80_d3 with 2-digit numbers and 2 distractors (4 numbers x 2 distinct digits)",
+        "as needle_compact_80 with 2-digit numbers (one copied digit after the keyed one instead of two)",
     ),
     "copy_t4p12": (
         "selective_copy",
@@ -293,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
         render()
 
 
-CHOSEN = {"mqar": "mqar_p4q8r", "passkey": "needle_compact_80"}
+CHOSEN = {"mqar": "mqar_p4q8r", "passkey": "needle_compact_80_d2"}
 NOTES = {
     "mqar": "every key asked exactly once (`mqar_p4q4`, the earlier setting) lets a model score about 0.55 by "
     "answering a value not yet given; the earlier calibration found the baseline on that plateau for thousands of "
