@@ -130,28 +130,6 @@ def test_compact_passkey_puts_each_key_next_to_its_number_and_the_key_nowhere_el
             assert text.count(key) == (3 if key == asked.group(1) else 1)
 
 
-def test_distinct_digit_passkey_uses_each_digit_once_and_keeps_the_default_examples():
-    seen_repeated_digit = False
-    for example in passkey_examples(
-        16, seed=4, seq_len=80, num_needles=2, num_distractors=2, num_digits=2, compact=True, distinct_digits=True
-    ):
-        _check_layout(example, 80)
-        context = ids_to_text([t for t, m in zip(example["input_ids"], example["answer_mask"]) if not m][1:])
-        needles = dict(re.findall(r"([A-Z])(\d{2})\.", context))
-        distractors = re.findall(r"(?<![A-Z\d])(\d{2})\.", context)
-        digits = "".join([*needles.values(), *distractors])
-        assert len(needles) == 2 and len(distractors) == 2 and len(set(digits)) == len(digits) == 8
-        assert _answers(example) == needles[context[-1]]
-    for example in passkey_examples(
-        16, seed=4, seq_len=80, num_needles=2, num_distractors=2, num_digits=2, compact=True
-    ):
-        numbers = re.findall(r"(\d{2})\.", ids_to_text(example["input_ids"]))
-        seen_repeated_digit |= len(set("".join(numbers))) < len("".join(numbers))
-    assert seen_repeated_digit  # without the option digits repeat across numbers
-    with pytest.raises(ValueError, match="distinct_digits"):
-        passkey_examples(1, seed=0, seq_len=80, num_needles=2, num_distractors=2, num_digits=3, distinct_digits=True)
-
-
 def test_selective_copy_answers_are_the_data_tokens_in_order():
     for example in selective_copy_examples(20, seed=2, num_tokens=5, num_positions=20):
         _check_layout(example)

@@ -114,7 +114,6 @@ def passkey_examples(
     num_needles: int = 3,
     num_distractors: int = 2,
     compact: bool = False,
-    distinct_digits: bool = False,
 ) -> list[dict[str, Any]]:
     """Keyed pass-key retrieval filling exactly `seq_len` tokens (BOS included).
 
@@ -122,35 +121,23 @@ def passkey_examples(
     `num_distractors` numbers `Room <digits>.` (same digit count) are inserted at uniform random depths of the
     filler; the question (`What is key <letter>? Key <letter> is `) asks for one needle's key, uniformly chosen.
     `compact=True` writes a needle as `<letter><digits>.`, a distractor as `<digits>.` and the question as
-    `What is <letter>? <letter>`: the key sits next to its number, the form a 2-layer model learns quickly.
-    `distinct_digits=True` draws every digit of an example's numbers without replacement, so each digit occurs
-    once in the context: after the keyed first digit, the next one is copied unambiguously (a 2-layer model
-    copies a digit by the one before it, which other numbers would otherwise share)."""
+    `What is <letter>? <letter>`: the key sits next to its number, the form a 2-layer model learns quickly."""
     if not 1 <= num_needles <= len(NEEDLE_KEY_CHARS):
         raise ValueError(
             f"passkey num_needles={num_needles} must be in [1, {len(NEEDLE_KEY_CHARS)}] (one letter per key)."
         )
     if num_distractors < 0 or num_digits < 1:
         raise ValueError(f"passkey num_distractors={num_distractors} must be >= 0 and num_digits={num_digits} >= 1.")
-    numbers = num_needles + num_distractors
-    if distinct_digits and numbers * num_digits > len(DIGITS):
-        raise ValueError(
-            f"passkey distinct_digits=True needs (num_needles + num_distractors) * num_digits <= {len(DIGITS)}; got "
-            f"{numbers} numbers of {num_digits} digits: use fewer needles, distractors or digits."
-        )
     rng = random.Random(f"passkey-{seed}")
     out = []
     for _ in range(num_examples):
         letters = rng.sample(NEEDLE_KEY_CHARS, num_needles)
-        if distinct_digits:
-            pool = "".join(rng.sample(DIGITS, numbers * num_digits))
-            drawn = [pool[i * num_digits : (i + 1) * num_digits] for i in range(numbers)]
-        else:
-            drawn = ["".join(rng.choice(DIGITS) for _ in range(num_digits)) for _ in range(numbers)]
-        codes = drawn[:num_needles]
+        codes = ["".join(rng.choice(DIGITS) for _ in range(num_digits)) for _ in letters]
         needle, distractor = (" {}{}.", " {}.") if compact else (" Key {} is {}.", " Room {}.")
         pieces = [needle.format(letter, code) for letter, code in zip(letters, codes)]
-        pieces += [distractor.format(number) for number in drawn[num_needles:]]
+        pieces += [
+            distractor.format("".join(rng.choice(DIGITS) for _ in range(num_digits))) for _ in range(num_distractors)
+        ]
         rng.shuffle(pieces)
         asked = rng.randrange(num_needles)
         key = letters[asked]
