@@ -72,10 +72,12 @@ class _GaussComplexMatmul(torch.autograd.Function):
         x, y = z[:, :n], z[:, n:]
         s = x + y
         k = torch.mm(s, a.t())
-        re = torch.addmm(k, y, (a + b).t(), alpha=-1)
-        im = torch.addmm(k, x, (b - a).t())
+        # re and im written straight into the two halves of the output (no concatenation copy)
+        out = z.new_empty(z.shape[0], 2 * a.shape[0])
+        torch.addmm(k, y, (a + b).t(), alpha=-1, out=out[:, : a.shape[0]])
+        torch.addmm(k, x, (b - a).t(), out=out[:, a.shape[0] :])
         ctx.save_for_backward(z, a, b, s)
-        return torch.cat((re, im), dim=-1)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -86,7 +88,9 @@ class _GaussComplexMatmul(torch.autograd.Function):
         dz = da = db = None
         if ctx.needs_input_grad[0]:
             k = torch.mm(gs, a)
-            dz = torch.cat((torch.addmm(k, g_im, a - b, alpha=-1), torch.addmm(k, g_re, a + b, alpha=-1)), dim=-1)
+            dz = grad.new_empty(grad.shape[0], 2 * n)
+            torch.addmm(k, g_im, a - b, alpha=-1, out=dz[:, :n])
+            torch.addmm(k, g_re, a + b, alpha=-1, out=dz[:, n:])
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             x, y = z[:, :n], z[:, n:]
             kk = torch.mm(gs.t(), x)
