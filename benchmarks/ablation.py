@@ -226,7 +226,8 @@ def render(stem: Path, spec: SizeSpec, widths: dict, meta: dict, variants: list[
     rows = current_rows(read_rows(stem.with_suffix(".jsonl")), spec)
     rows.sort(key=lambda r: (variants.index(r["variant"]) if r["variant"] in variants else 99, r["task"], r["seed"]))
     reference = nbody_reference(spec.budgets["nbody"].params) if "nbody" in tasks else None
-    done = sum(1 for r in rows if r.get("status") == "ok")
+    planned = {(v, t, seed) for v in variants for t in tasks for seed in range(meta["seeds"])}
+    done = sum(1 for r in rows if r.get("status") == "ok" and (r["variant"], r["task"], r["seed"]) in planned)
     meta = {
         **meta,
         "wall_minutes": sum(r.get("seconds", 0.0) for r in rows) / 60,
