@@ -286,9 +286,9 @@ NOTES = {
     "2 needles and 2 distractors: seed 0 passes 0.95 by step 1,000, but seed 2 (the same run as the suite's "
     "seed 2, 0.852 at step 1,200 in both) crosses 0.9 only at step 1,400 and 0.95 at 1,600, so 1,200 steps meet "
     "the bar in 2 of 3 seeds (seeds 0 and 1: 0.977 and 0.984); 1,600 steps is the next budget to try. Two other "
-    "forms were "
-    "stopped by hand and left no line in the trials file: 1-digit numbers (0.55-0.58 after 1,000 steps, the "
-    "model picks one of the two needles) and every digit of an example distinct (0.15 after 1,000 steps).",
+    "forms were stopped by hand and left no line in the trials file: 1-digit numbers (0.55-0.58 after 1,000 "
+    "steps, the model picks one of the two needles) and every digit of an example distinct (0.15 after 1,000 "
+    "steps).",
     "selective_copy / spiral / text / nbody": "budgets from the earlier calibration (selective copying reached 0.9 "
     "by step 200) and the cost per step here; the baseline's per-seed results above are the check.",
 }

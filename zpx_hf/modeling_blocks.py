@@ -50,24 +50,22 @@ def keep_derived_weights() -> Iterator[None]:
         _DERIVED_WEIGHTS.reset(token)
 
 
-def derived_weight(key: tuple, build: Callable[[], Any]) -> Any:
-    """`build()`, kept under `key` while `keep_derived_weights` is active (and no gradient is recorded)."""
-    if torch.compiler.is_compiling() or torch.is_grad_enabled():  # (compiled graphs cannot read a ContextVar)
-        return build()
-    kept = _DERIVED_WEIGHTS.get()
-    if kept is None:
-        return build()
-    if key not in kept:
-        kept[key] = build()
-    return kept[key]
-
-
 def derived_weights_kept() -> bool:
     """Whether `derived_weight` keeps what it builds here (inside `generate`, eager, no gradient): a path that
     pays a weight concatenation per call only where it is paid once."""
-    if torch.compiler.is_compiling() or torch.is_grad_enabled():
+    if torch.compiler.is_compiling() or torch.is_grad_enabled():  # (compiled graphs cannot read a ContextVar)
         return False
     return _DERIVED_WEIGHTS.get() is not None
+
+
+def derived_weight(key: tuple, build: Callable[[], Any]) -> Any:
+    """`build()`, kept under `key` while `keep_derived_weights` is active (and no gradient is recorded)."""
+    if not derived_weights_kept():
+        return build()
+    kept = _DERIVED_WEIGHTS.get()
+    if key not in kept:
+        kept[key] = build()
+    return kept[key]
 
 
 def constant_tables(build: Callable[..., Any]) -> Callable[..., Any]:
