@@ -50,6 +50,18 @@ def keep_derived_weights() -> Iterator[None]:
         _DERIVED_WEIGHTS.reset(token)
 
 
+def plain_linears(modules: tuple[nn.Module, ...]) -> bool:
+    """Whether every module is an `nn.Linear` whose call is exactly `F.linear(x, weight, bias)`: not a subclass
+    (LoRA, quantised layers), no hooks, no instance-level forward (accelerate's offloading hooks replace it).
+    Fused fast paths run only then; otherwise each module runs as itself, so whatever wraps it sees its input."""
+    for module in modules:
+        if type(module) is not nn.Linear or module._forward_hooks or module._forward_pre_hooks:
+            return False
+        if "forward" in module.__dict__:
+            return False
+    return True
+
+
 def derived_weights_kept() -> bool:
     """Whether `derived_weight` keeps what it builds here (inside `generate`, eager, no gradient): a path that
     pays a weight concatenation per call only where it is paid once."""

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .modeling_blocks import derived_weight, upcast
+from .modeling_blocks import derived_weight, plain_linears, upcast
 
 
 def complex_parts(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,13 +183,8 @@ class ComplexLinear(nn.Module):
         self.imag = nn.Linear(in_features, out_features, bias=bias)
 
     def plain(self) -> bool:
-        """Both sub-modules plain hook-free `nn.Linear`s (else `forward_submodules` runs)."""
-        real, imag = self._modules["real"], self._modules["imag"]  # dicts read directly: no Module lookups
-        return (
-            type(real) is nn.Linear
-            and type(imag) is nn.Linear
-            and not (real._forward_hooks or real._forward_pre_hooks or imag._forward_hooks or imag._forward_pre_hooks)
-        )
+        """Both sub-modules plain `nn.Linear`s (`modeling_blocks.plain_linears`; else `forward_submodules` runs)."""
+        return plain_linears((self._modules["real"], self._modules["imag"]))  # dicts read directly: no lookups
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         if not self.plain():

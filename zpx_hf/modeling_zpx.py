@@ -20,7 +20,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.modeling_utils import AttentionInterface
 
 from .configuration_zpx import ZPXConfig
-from .modeling_blocks import RMSNorm, SwiGLUMLP, derived_weight, derived_weights_kept
+from .modeling_blocks import RMSNorm, SwiGLUMLP, derived_weight, derived_weights_kept, plain_linears
 from .modeling_common import (
     ForCausalLMHead,
     ForSequenceClassificationHead,
@@ -95,7 +95,7 @@ class ZPXPhaseEncoder(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> PhaseState:
         """PhaseState [B, L, H, C] (token-major: the 5C key features are transposed once, not each field)."""
         encoders = self.encoders
-        if _plain_linears(encoders):
+        if plain_linears(encoders):
             # One matmul for the three encoders, rows [W_r; W_theta; W_b] -> [B, L, 3HC]: on a decoding step
             # a matmul call costs far more than concatenating these small weights.
             pre = F.linear(hidden_states, *_stacked_linears(encoders))
@@ -118,17 +118,6 @@ def _stacked_linears(linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torc
         linear.bias if linear.bias is not None else linear.weight.new_zeros(len(linear.weight)) for linear in linears
     ]
     return weight, torch.cat(biases)
-
-
-def _plain_linears(modules: tuple[nn.Module, ...]) -> bool:
-    """Whether every module is an `nn.Linear` whose call is exactly `F.linear(x, weight, bias)`: not a subclass
-    (LoRA, quantised layers), no hooks, no instance-level forward (accelerate's offloading hooks replace it)."""
-    for module in modules:
-        if type(module) is not nn.Linear or module._forward_hooks or module._forward_pre_hooks:
-            return False
-        if "forward" in module.__dict__:
-            return False
-    return True
 
 
 class ZPXAttention(nn.Module):
@@ -220,7 +209,7 @@ class ZPXAttention(nn.Module):
     def _stacked_projections(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         encoder = self.phase_encoder
         linears = (self.q_proj, self.k_proj, self.v_proj, *encoder.encoders)
-        if encoder._forward_hooks or encoder._forward_pre_hooks or not _plain_linears(linears):
+        if encoder._forward_hooks or encoder._forward_pre_hooks or not plain_linears(linears):
             return None
         return _stacked_linears(linears)
 
