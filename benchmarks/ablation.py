@@ -84,7 +84,7 @@ SIZES = {
                 steps=300, batch=64, lr=1e-3, params={"num_pairs": 4, "num_queries": 8, "query_replacement": True}
             ),
             "passkey": TaskBudget(
-                steps=1200,
+                steps=1600,
                 batch=32,
                 lr=1e-3,
                 params={"length": 80, "num_needles": 2, "num_distractors": 2, "num_digits": 2, "compact": True},
