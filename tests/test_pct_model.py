@@ -12,7 +12,8 @@ import torch
 from conftest import make_tiny_config
 
 from zpx_hf import PCTConfig, PCTForCausalLM, PCTModel
-from zpx_hf.modeling_complex import ComplexLinear, ComplexRMSNorm, ModReLU
+from zpx_hf.modeling_complex import ComplexLinear, ComplexRMSNorm, ModReLU, mod_relu, mod_relu_naive
+from zpx_hf.modeling_pct import query_key_value, query_key_value_naive, rotation_tables
 
 
 def tiny_config(**overrides):
@@ -50,6 +51,72 @@ def test_complex_blocks_match_complex_arithmetic():
     alive = out.abs() > 1e-6  # phase-preserving: surviving features keep their angle
     assert (torch.angle(out[alive]) - torch.angle(zc[alive])).abs().max() < 1e-10
     assert torch.isfinite(torch.autograd.functional.jacobian(act, torch.zeros(1, 12, dtype=torch.float64))).all()
+
+
+def test_mod_relu_closed_form_backward_matches_autograd_and_finite_differences():
+    """`mod_relu`'s backward (closed form) against finite differences and autograd through the formula
+    (`mod_relu_naive`) in float64, with features on both sides of the relu; float32 and bfloat16 against the
+    float64 gradients within a few eps of the dtype times the gradients' scale."""
+    torch.manual_seed(0)
+    z = torch.randn(3, 5, 16, dtype=torch.float64)
+    bias = torch.linspace(-1.5, 0.5, 8, dtype=torch.float64)  # |z| ~ 1: some features dead, some alive
+    grad = torch.randn(3, 5, 16, dtype=torch.float64)
+    assert torch.autograd.gradcheck(
+        lambda a, b: mod_relu(a, b, 1e-6), (z[:1, :2].clone().requires_grad_(), bias.clone().requires_grad_())
+    )
+
+    def gradients(fn, dtype):
+        zz, bb = (t.detach().to(dtype).clone().requires_grad_() for t in (z, bias))
+        out = fn(zz, bb, 1e-6)
+        out.backward(grad.to(dtype))
+        return out.double(), zz.grad.double(), bb.grad.double()
+
+    reference = gradients(mod_relu_naive, torch.float64)
+    dead = (reference[0].unflatten(-1, (2, -1)) == 0).all(-2)
+    assert dead.any() and (~dead).any()
+    for one, two in zip(gradients(mod_relu, torch.float64), reference):
+        torch.testing.assert_close(one, two, rtol=0, atol=1e-12)
+    for dtype in (torch.float32, torch.bfloat16):
+        eps = torch.finfo(dtype).eps
+        for one, two in zip(gradients(mod_relu, dtype), reference):
+            assert (one - two).abs().max() <= 8 * eps * two.abs().max()
+
+
+@pytest.mark.parametrize("rotary", [True, False])
+def test_query_key_value_closed_form_backward_matches_autograd(rotary):
+    """`query_key_value` (normalise, rotate by r e^{i Theta}, split heads; closed-form backward): its forward
+    equals complex arithmetic, its gradient equals finite differences and autograd through
+    `query_key_value_naive` in float64, and float32's is within a few eps of float64's."""
+    torch.manual_seed(0)
+    batch, length, heads, dim = 2, 5, 3, 4
+    qkv = torch.randn(batch, length, 2 * 3 * heads * dim, dtype=torch.float64)
+    angle = torch.randn(batch, length, dim, dtype=torch.float64)
+    radius = 1 + torch.rand(batch, length, dim, dtype=torch.float64)
+    tables = rotation_tables(radius * angle.cos(), radius * angle.sin(), torch.float64) if rotary else None
+    query, key, value = query_key_value(qkv, heads, dim, 1e-6, tables)
+    parts = to_complex(qkv).view(batch, length, 3, heads, dim).permute(2, 0, 3, 1, 4)  # [(q, k, v), B, H, L, d]
+    phase = (radius * torch.exp(1j * angle))[:, None] if rotary else 1.0
+    for got, expected in ((query, parts[0]), (key, parts[1])):
+        norm = torch.sqrt((expected.abs() ** 2).sum(-1, keepdim=True) + 1e-6)
+        assert (to_complex(got) - expected / norm * phase).abs().max() < 1e-12
+    assert (to_complex(value) - parts[2]).abs().max() == 0
+
+    short = None if tables is None else tuple(t[:1, :, :3] for t in tables)
+    assert torch.autograd.gradcheck(
+        lambda x: query_key_value(x, heads, dim, 1e-6, short), (qkv[:1, :3].clone().requires_grad_(),)
+    )
+    grads = [torch.randn(batch, heads, length, 2 * dim, dtype=torch.float64) for _ in range(3)]
+
+    def gradient(fn, dtype):
+        x = qkv.detach().to(dtype).clone().requires_grad_()
+        cast = None if tables is None else tuple(t.to(dtype) for t in tables)
+        outputs = fn(x, heads, dim, 1e-6, cast)
+        return torch.autograd.grad(outputs, x, [g.to(dtype) for g in grads])[0].double()
+
+    reference = gradient(query_key_value_naive, torch.float64)
+    torch.testing.assert_close(gradient(query_key_value, torch.float64), reference, rtol=0, atol=1e-12)
+    error = (gradient(query_key_value, torch.float32) - reference).abs().max()
+    assert error <= 16 * torch.finfo(torch.float32).eps * reference.abs().max()
 
 
 def test_checkpoints_with_complex_widths_convert_on_load(tmp_path):

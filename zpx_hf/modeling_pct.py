@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import AttentionInterface
@@ -119,6 +120,73 @@ def normalize_rotate(
     return out if out.dtype == pairs.dtype else out.to(pairs.dtype)
 
 
+def query_key_value_naive(
+    qkv: torch.Tensor,
+    num_heads: int,
+    head_dim: int,
+    eps: float,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The joint projection [B, L, 2 * 3 * H * d] ([re_q re_k re_v | im_q im_k im_v]) -> query and key
+    normalised and rotated (`normalize_rotate`), value; each [B, H, L, 2d] ([re | im] per head), contiguous.
+    Through autograd: the reference for `query_key_value`'s backward."""
+    batch, length = qkv.shape[:2]
+    # [B, L, (re, im), (q, k, v), H, d] -> [(q, k, v), B, H, L, (re, im), d]
+    qkv = qkv.view(batch, length, 2, 3, num_heads, head_dim).permute(3, 0, 4, 1, 2, 5).contiguous()
+    query, key = normalize_rotate(qkv[:2], eps, position_embeddings).flatten(-2).unbind(0)
+    return query, key, qkv[2].flatten(-2)
+
+
+class _QueryKeyValue(torch.autograd.Function):
+    """`query_key_value_naive` with its backward in closed form. Per head, with y = R(z) / ||z|| (R the
+    rotation by r e^{i Theta}, linear) and h = R^T(g) (the rotation by r e^{-i Theta}):
+        dz = h / ||z|| - z <z, h> / ||z||^3
+    written straight into the projection's [B, L, 2 * 3 * H * d] layout; the value's gradient is copied there."""
+
+    @staticmethod
+    def forward(ctx, qkv, num_heads, head_dim, eps, cos, signed_sin):
+        position_embeddings = None if cos is None else (cos, signed_sin)
+        query, key, value = query_key_value_naive(qkv, num_heads, head_dim, eps, position_embeddings)
+        ctx.save_for_backward(qkv, cos, signed_sin)
+        ctx.sizes, ctx.eps = (num_heads, head_dim), eps
+        return query, key, value
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_query, grad_key, grad_value):
+        qkv, cos, signed_sin = ctx.saved_tensors
+        num_heads, head_dim = ctx.sizes
+        batch, length = qkv.shape[:2]
+        layout = (batch, length, 2, 3, num_heads, head_dim)
+        z = upcast(qkv.view(layout)[:, :, :, :2].permute(3, 0, 4, 1, 2, 5))  # [2, B, H, L, 2, d]
+        g = upcast(torch.stack((grad_query, grad_key)).unflatten(-1, (2, head_dim)))
+        if cos is None:
+            h = g
+        else:  # R^T g = [g_re cos + g_im sin, g_im cos - g_re sin] = g cos - [g_im, g_re] [-sin, sin]
+            h = torch.addcmul(g * cos.to(g.dtype), g.flip(-2), signed_sin.to(g.dtype), value=-1.0)
+        inverse = torch.rsqrt(z.square().sum((-2, -1), keepdim=True).add_(ctx.eps))  # 1 / ||z||
+        coefficient = (h * z).sum((-2, -1), keepdim=True).mul_(inverse.pow(3))  # <z, h> / ||z||^3
+        grad = qkv.new_empty(layout)
+        heads = grad.permute(3, 0, 4, 1, 2, 5)  # [(q, k, v), B, H, L, 2, d] view of the projection's layout
+        heads[:2] = torch.addcmul(h * inverse, z, coefficient, value=-1.0)
+        heads[2] = grad_value.unflatten(-1, (2, head_dim))
+        return grad.view(qkv.shape), None, None, None, None, None
+
+
+def query_key_value(
+    qkv: torch.Tensor,
+    num_heads: int,
+    head_dim: int,
+    eps: float,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`query_key_value_naive`'s map; with gradients its closed-form backward (`_QueryKeyValue`)."""
+    if torch.is_grad_enabled() and qkv.requires_grad:
+        cos, signed_sin = (None, None) if position_embeddings is None else position_embeddings
+        return _QueryKeyValue.apply(qkv, num_heads, head_dim, eps, cos, signed_sin)
+    return query_key_value_naive(qkv, num_heads, head_dim, eps, position_embeddings)
+
+
 class PCTAttention(nn.Module):
     """Phase-coherent multi-head attention: complex projections, sigmoid gates, phase-preserving sum."""
 
@@ -168,10 +236,7 @@ class PCTAttention(nn.Module):
             qkv = complex_linear(hidden_states, projections)  # one map: [re_q re_k re_v | im_q im_k im_v]
         else:  # adapters or hooks: each projection through its sub-modules, the same layout
             qkv = torch.cat([p(hidden_states).unflatten(-1, (2, -1)) for p in projections], dim=-1).flatten(-2)
-        # [B, L, (re, im), (q, k, v), H, d] -> [(q, k, v), B, H, L, (re, im), d]
-        qkv = qkv.view(batch, length, 2, 3, self.num_heads, self.head_dim).permute(3, 0, 4, 1, 2, 5).contiguous()
-        query, key = normalize_rotate(qkv[:2], self.qk_norm_eps, position_embeddings).flatten(-2).unbind(0)
-        value = qkv[2].flatten(-2)
+        query, key, value = query_key_value(qkv, self.num_heads, self.head_dim, self.qk_norm_eps, position_embeddings)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
             key, value = trim_static_cache(key, value, kv_length)
