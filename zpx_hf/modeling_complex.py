@@ -9,7 +9,8 @@ avoided on purpose: they break bf16, autocast, SDPA and `torch.compile`.
                        `complex_linear` (Gauss's three GEMMs, or one stacked-row GEMM when decoding).
 * `ComplexEmbedding`   token -> complex vector (one `nn.Embedding` row `[re | im]`).
 * `ComplexRMSNorm`     z * w / sqrt(mean_m |z_m|^2 + eps), real gain w: rescales, keeps phases.
-* `ModReLU`            relu(|z| + b) z / |z|: a phase-preserving nonlinearity.
+* `ModReLU`            relu(|z| + b) z / |z|: a phase-preserving nonlinearity (`mod_relu`: closed-form
+                       backward; `mod_relu_naive`: the same formula through autograd, the reference).
 * `complex_rotate`     z * r e^{i Theta} per complex feature (complex-native RoPE/SRPE).
 """
 

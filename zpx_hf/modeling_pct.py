@@ -10,6 +10,9 @@ Attention per head, complex head dim d = head_dim / 2:
     a_ij = sigmoid(tau Re<q'_i, k'_j> + b_h), j visible     no softmax, no row sum
     out_i = W_o sum_j a_ij v_j                              real gate x complex value
 
+`query_key_value` takes the joint q/k/v projection to normalised, rotated heads with a closed-form backward
+(`query_key_value_naive`, the same map through autograd, is its reference).
+
 The KV cache stores k' (normalised and rotated) and v, both [re | im]. The LM head and the
 sequence-classification head are real linear maps on `[re | im]` (with tied embeddings the logit
 of token v is Re sum_m conj(e_vm) z_m). Backbone and heads are the shared ones of `modeling_common.py`;
@@ -230,7 +233,6 @@ class PCTAttention(nn.Module):
         output_attentions: bool = False,
         kv_length: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
-        batch, length = hidden_states.shape[:2]
         projections = (self.q_proj, self.k_proj, self.v_proj)
         if all(projection.plain() for projection in projections):
             qkv = complex_linear(hidden_states, projections)  # one map: [re_q re_k re_v | im_q im_k im_v]
