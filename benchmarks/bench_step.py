@@ -44,7 +44,7 @@ from measure import run_worker  # benchmarks/measure.py
 RESULTS = Path(__file__).resolve().parent / "results"
 FAMILIES = ("zpx", "pct", "versor-rra", "versor-gpa", "versor-hybrid")
 FULL = {"hidden": 256, "intermediate": 688, "layers": 4, "heads": 4, "batch": 4, "lengths": [256, 1024],
-        "prompt": 32, "new_tokens": 256, "train_rounds": 6, "generate_rounds": 6,
+        "prompt": 32, "new_tokens": 256, "train_rounds": 8, "generate_rounds": 10,
         "contexts": [4096], "decode_tokens": 32, "decode_rounds": 3}  # fmt: skip
 QUICK = {"hidden": 64, "intermediate": 172, "layers": 2, "heads": 2, "batch": 2, "lengths": [32],
          "prompt": 8, "new_tokens": 8, "train_rounds": 3, "generate_rounds": 3,
