@@ -36,7 +36,7 @@ def _panels(l_q: int, l_k: int, causal: bool, rows: int):
         yield start, end, min(l_k, end + offset) if causal else l_k
 
 
-def _mask_panel(gate, start, end, keys, offset, causal, key_padding_mask) -> torch.Tensor:
+def _mask_panel(gate, start, keys, offset, causal, key_padding_mask) -> torch.Tensor:
     """Zero the invisible pairs of a panel's gates [..., rows, keys] in place (leading dims batch-major)."""
     # keys [start + offset, keys) form a square block (keys - start - offset = end - start): row r (from start)
     # sees the first r + 1, so the block's upper triangle is hidden (tril_: ~6x a broadcast masked_fill_)
@@ -50,7 +50,7 @@ def _mask_panel(gate, start, end, keys, offset, causal, key_padding_mask) -> tor
 def _panel_gates(q_scaled, key, bias_bh, start, end, keys, offset, causal, key_padding_mask) -> torch.Tensor:
     """a = sigmoid(b + q'_[start:end] K_[:keys]^T), invisible pairs exactly 0; [B*H, rows, keys]."""
     gate = torch.baddbmm(bias_bh, q_scaled[:, start:end], key[:, :keys].transpose(1, 2)).sigmoid_()
-    return _mask_panel(gate, start, end, keys, offset, causal, key_padding_mask)
+    return _mask_panel(gate, start, keys, offset, causal, key_padding_mask)
 
 
 def _per_row(value: torch.Tensor, batch: int, dtype: torch.dtype) -> torch.Tensor:
