@@ -291,7 +291,7 @@ def mod_relu(z: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
     closed-form backward (`_ModReLUFunction`), else the forward alone; `mod_relu_naive` is the reference."""
     if torch.is_grad_enabled() and (z.requires_grad or bias.requires_grad):
         return _ModReLUFunction.apply(z, bias, eps)
-    return _mod_relu_parts(z, bias, eps)[0]
+    return mod_relu_naive(z, bias, eps)  # no gradient recorded: the forward alone
 
 
 class ModReLU(nn.Module):
