@@ -30,9 +30,11 @@ from .modeling_blocks import (
     default_position_ids,
     hf_init,
     keep_derived_weights,
+    kept_linear,
     pool_last_token,
     pop_cache_kwarg,
 )
+from .modeling_cache import grow_dynamic_layers
 
 # The attention implementations every family offers through `attn_implementation`.
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -215,6 +217,7 @@ class GeometricModel(GeometricPreTrainedModel):
         self.check_cache(past_key_values)
         if use_cache and past_key_values is None:
             past_key_values = self.new_cache()
+        grow_dynamic_layers(past_key_values)  # appending a token writes a row instead of copying the cache
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         if isinstance(past_length, torch.Tensor):  # static caches count in a tensor that layers update in place
             past_length = int(past_length)
@@ -357,7 +360,9 @@ class ForCausalLMHead:
             hidden_states = hidden_states[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, torch.Tensor):
             hidden_states = hidden_states[:, logits_to_keep]
-        logits = self.lm_head(hidden_states)
+        logits = kept_linear(hidden_states, (self.lm_head,))  # decoding on CPU (see `kept_linear`)
+        if logits is None:
+            logits = self.lm_head(hidden_states)
 
         loss = None
         if labels is not None or shift_labels is not None:

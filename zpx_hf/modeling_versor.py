@@ -28,6 +28,7 @@ from transformers.modeling_utils import AttentionInterface
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, NUM_GRADES, conformal_algebra
 from .configuration_versor import VersorConfig
 from .modeling_blocks import constant_tables, derived_weight, hf_init, upcast
+from .modeling_cache import GrowingRows
 from .modeling_common import (
     ForCausalLMHead,
     ForSequenceClassificationHead,
@@ -83,6 +84,8 @@ class VersorCache:
         self.values: list[torch.Tensor | None] = [None] * len(self.mixers)
         self.rotors: list[torch.Tensor | None] = [None] * len(self.mixers)
         self.lengths = [0] * len(self.mixers)
+        self.key_rows = [GrowingRows() for _ in self.mixers]
+        self.value_rows = [GrowingRows() for _ in self.mixers]
 
     @property
     def is_linear(self) -> list[bool]:
@@ -100,9 +103,8 @@ class VersorCache:
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Append `[B, H, L, D]` keys/values of a GPA layer; returns the full cached tensors."""
         self.lengths[layer_idx] += key.shape[-2]
-        if self.keys[layer_idx] is not None:
-            key = torch.cat((self.keys[layer_idx], key), dim=-2)
-            value = torch.cat((self.values[layer_idx], value), dim=-2)
+        key = self.key_rows[layer_idx].append(self.keys[layer_idx], key)  # torch.cat on dim -2, without the copy
+        value = self.value_rows[layer_idx].append(self.values[layer_idx], value)
         self.keys[layer_idx], self.values[layer_idx] = key, value
         return key, value
 

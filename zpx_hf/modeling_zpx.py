@@ -20,7 +20,17 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.modeling_utils import AttentionInterface
 
 from .configuration_zpx import ZPXConfig
-from .modeling_blocks import RMSNorm, SwiGLUMLP, derived_weight, derived_weights_kept, plain_linears
+from .modeling_blocks import (
+    RMSNorm,
+    SwiGLUMLP,
+    derived_weight,
+    derived_weights_kept,
+    kept_linear,
+    linear_row_major,
+    plain_linears,
+    row_major_transpose,
+    stacked_bias,
+)
 from .modeling_common import (
     ForCausalLMHead,
     ForSequenceClassificationHead,
@@ -109,15 +119,8 @@ class ZPXPhaseEncoder(nn.Module):
 
 
 def _stacked_linears(linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Weight and bias of one Linear equal to `linears` side by side (outputs concatenated); a missing bias
-    is zeros when another has one."""
-    weight = torch.cat([linear.weight for linear in linears])
-    if all(linear.bias is None for linear in linears):
-        return weight, None
-    biases = [
-        linear.bias if linear.bias is not None else linear.weight.new_zeros(len(linear.weight)) for linear in linears
-    ]
-    return weight, torch.cat(biases)
+    """Weight and bias of one Linear equal to `linears` side by side (outputs concatenated)."""
+    return torch.cat([linear.weight for linear in linears]), stacked_bias(linears)
 
 
 class ZPXAttention(nn.Module):
@@ -194,7 +197,9 @@ class ZPXAttention(nn.Module):
             lambda_sphere=self.lambda_sphere,
             dropout=self.attention_dropout if self.training else 0.0,
         )
-        output = self.o_proj(output.reshape(batch, length, -1))
+        output = output.reshape(batch, length, -1)
+        projected = kept_linear(output, (self.o_proj,))  # decoding on CPU (see `kept_linear`)
+        output = projected if projected is not None else self.o_proj(output)
         return output, weights, phase
 
     def fused_projections(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
@@ -204,14 +209,15 @@ class ZPXAttention(nn.Module):
         if not derived_weights_kept():
             return None
         stacked = derived_weight(("zpx_qkv_phase", id(self)), self._stacked_projections)
-        return F.linear(hidden_states, *stacked) if stacked is not None else None
+        return linear_row_major(hidden_states, *stacked) if stacked is not None else None
 
     def _stacked_projections(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """(W^T row-major, bias) of the six projections side by side; None when one is wrapped or hooked."""
         encoder = self.phase_encoder
         linears = (self.q_proj, self.k_proj, self.v_proj, *encoder.encoders)
         if encoder._forward_hooks or encoder._forward_pre_hooks or not plain_linears(linears):
             return None
-        return _stacked_linears(linears)
+        return row_major_transpose([linear.weight for linear in linears]), stacked_bias(linears)
 
 
 class ZPXDecoderLayer(GeometricDecoderLayer):
