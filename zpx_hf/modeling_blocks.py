@@ -153,9 +153,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         input_dtype = hidden_states.dtype
-        hidden_states = upcast(hidden_states)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        # torch's fused rms_norm: one op (forward and backward) for Llama's pow, mean, add, rsqrt and mul
+        hidden_states = F.rms_norm(upcast(hidden_states), (hidden_states.shape[-1],), eps=self.variance_epsilon)
         if hidden_states.dtype != input_dtype:
             hidden_states = hidden_states.to(input_dtype)
         return self.weight * hidden_states
