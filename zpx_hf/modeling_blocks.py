@@ -153,8 +153,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         input_dtype = hidden_states.dtype
-        # torch's fused rms_norm: one op (forward and backward) for Llama's pow, mean, add, rsqrt and mul
-        hidden_states = F.rms_norm(upcast(hidden_states), (hidden_states.shape[-1],), eps=self.variance_epsilon)
+        shape = (hidden_states.shape[-1],)
+        if input_dtype == self.weight.dtype and input_dtype in (torch.float32, torch.float64):
+            # torch's rms_norm: one call (forward and backward) for Llama's pow, mean, add, rsqrt and two muls
+            return F.rms_norm(hidden_states, shape, self.weight, self.variance_epsilon)
+        hidden_states = F.rms_norm(upcast(hidden_states), shape, eps=self.variance_epsilon)
         if hidden_states.dtype != input_dtype:
             hidden_states = hidden_states.to(input_dtype)
         return self.weight * hidden_states
