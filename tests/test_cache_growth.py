@@ -59,6 +59,15 @@ def test_growing_rows_follow_cat_for_gradients_dtypes_and_shapes():
         rows.append(promoted, torch.randn(2, 2, 1, 4, dtype=torch.float64))  # batch mismatch: cat's error
 
 
+def test_growing_rows_continue_outside_inference_mode():
+    rows = GrowingRows()
+    with torch.inference_mode():
+        cached = rows.append(None, torch.randn(1, 2, 3, 4))
+    new = torch.randn(1, 2, 1, 4)
+    with torch.no_grad():  # writing into the inference-mode buffer here would raise
+        assert torch.equal(rows.append(cached, new), torch.cat((cached, new), dim=-2))
+
+
 def test_grow_dynamic_layers_replaces_only_plain_dynamic_layers():
     cache = DynamicCache()
     grow_dynamic_layers(cache)

@@ -54,6 +54,8 @@ class GrowingRows:
         buffer = self.buffer
         if buffer is None or total > buffer.shape[-2] or length != self.written:
             return False
+        if buffer.is_inference() and not torch.is_inference_mode_enabled():
+            return False  # filled under `torch.inference_mode`: not writable outside it
         if not _same_layout(buffer, new) or buffer.shape[:-2] != new.shape[:-2]:
             return False
         if cached is None:
