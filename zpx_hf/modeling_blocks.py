@@ -103,6 +103,12 @@ def kept_linear(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> torch.Tensor
     elsewhere (training, outside `generate`, other devices, wrapped or hooked linears): call the modules."""
     if x.device.type != "cpu" or not derived_weights_kept() or not plain_linears(linears):
         return None
+    return stacked_linear(x, linears)
+
+
+def stacked_linear(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> torch.Tensor:
+    """The outputs of plain `linears` side by side as one GEMM on their stacked W^T (row-major), built on every
+    call or once per `generate` call (`derived_weight`)."""
     weight_t, bias = derived_weight(
         ("row_major", *map(id, linears)),
         lambda: (row_major_transpose([linear.weight for linear in linears]), stacked_bias(linears)),

@@ -23,13 +23,10 @@ from .configuration_zpx import ZPXConfig
 from .modeling_blocks import (
     RMSNorm,
     SwiGLUMLP,
-    derived_weight,
     derived_weights_kept,
     kept_linear,
-    linear_row_major,
     plain_linears,
-    row_major_transpose,
-    stacked_bias,
+    stacked_linear,
 )
 from .modeling_common import (
     ForCausalLMHead,
@@ -108,7 +105,7 @@ class ZPXPhaseEncoder(nn.Module):
         if plain_linears(encoders):
             # One matmul for the three encoders, rows [W_r; W_theta; W_b] -> [B, L, 3HC]: on a decoding step
             # a matmul call costs far more than concatenating these small weights.
-            pre = F.linear(hidden_states, *_stacked_linears(encoders))
+            pre = stacked_linear(hidden_states, encoders)
         else:  # wrapped (LoRA, quantised) or hooked encoders run as themselves
             pre = torch.cat([encoder(hidden_states) for encoder in encoders], dim=-1)
         return self.phase_from_pre_activations(pre)
@@ -116,11 +113,6 @@ class ZPXPhaseEncoder(nn.Module):
     def phase_from_pre_activations(self, pre: torch.Tensor) -> PhaseState:
         """PhaseState from [W_r h | W_theta h | W_b h] [B, L, 3HC]."""
         return phase_from_stacked(pre.unflatten(-1, (3, self.num_heads, self.phase_channels)), self.max_log_radius, 2)
-
-
-def _stacked_linears(linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Weight and bias of one Linear equal to `linears` side by side (outputs concatenated)."""
-    return torch.cat([linear.weight for linear in linears]), stacked_bias(linears)
 
 
 class ZPXAttention(nn.Module):
@@ -204,20 +196,14 @@ class ZPXAttention(nn.Module):
 
     def fused_projections(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         """[q | k | v | W_r h | W_theta h | W_b h] as one matmul while `generate` keeps derived weights (a decoding
-        step pays per call, not per multiply); None elsewhere, or when a projection is wrapped or hooked (decided
-        once per `generate` call)."""
+        step pays per call, not per multiply); None elsewhere, or when a projection is wrapped or hooked."""
         if not derived_weights_kept():
             return None
-        stacked = derived_weight(("zpx_qkv_phase", id(self)), self._stacked_projections)
-        return linear_row_major(hidden_states, *stacked) if stacked is not None else None
-
-    def _stacked_projections(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """(W^T row-major, bias) of the six projections side by side; None when one is wrapped or hooked."""
         encoder = self.phase_encoder
         linears = (self.q_proj, self.k_proj, self.v_proj, *encoder.encoders)
         if encoder._forward_hooks or encoder._forward_pre_hooks or not plain_linears(linears):
             return None
-        return row_major_transpose([linear.weight for linear in linears]), stacked_bias(linears)
+        return stacked_linear(hidden_states, linears)
 
 
 class ZPXDecoderLayer(GeometricDecoderLayer):
