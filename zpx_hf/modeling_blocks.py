@@ -113,11 +113,6 @@ def stacked_linear(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> torch.Ten
         ("row_major", *map(id, linears)),
         lambda: (row_major_transpose([linear.weight for linear in linears]), stacked_bias(linears)),
     )
-    return linear_row_major(x, weight_t, bias)
-
-
-def linear_row_major(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` from weight_t = `row_major_transpose([weight])`."""
     out = torch.mm(x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1]), weight_t)
     if bias is not None:
         out = out.add_(bias)  # (an `addmm` reads the matrix more slowly here)

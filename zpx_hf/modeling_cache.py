@@ -30,18 +30,18 @@ class GrowingRows:
         self.written = 0  # rows of `buffer` covered by views already returned
 
     def append(self, cached: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
-        empty = cached is None or cached.numel() == 0
+        if cached is not None and cached.numel() == 0:  # DynamicLayer's lazy initialisation: an empty tensor
+            cached = None
         if torch.compiler.is_compiling() or (
-            torch.is_grad_enabled() and (new.requires_grad or (not empty and cached.requires_grad))
+            torch.is_grad_enabled() and (new.requires_grad or (cached is not None and cached.requires_grad))
         ):
             self.buffer, self.written = None, 0  # autograd and compiled graphs see the plain concatenation
-            return new if empty else torch.cat((cached, new), dim=-2)
-        if not empty and (not _same_layout(cached, new) or cached.shape[:-2] != new.shape[:-2]):
+            return new if cached is None else torch.cat((cached, new), dim=-2)
+        if cached is not None and (not _same_layout(cached, new) or cached.shape[:-2] != new.shape[:-2]):
             # mixed dtypes or shapes: `cat` promotes or raises, as DynamicLayer does
             self.buffer, self.written = None, 0
             return torch.cat((cached, new), dim=-2)
-        cached = None if empty else cached
-        length = 0 if empty else cached.shape[-2]
+        length = 0 if cached is None else cached.shape[-2]
         total = length + new.shape[-2]
         if not self._extends(cached, length, new, total):
             self._reallocate(cached, length, new, total)
