@@ -36,8 +36,9 @@ def compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
 def document_ids_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor | None:
     """[B, L] document ids where `position_ids` restart at 0 inside a row; None when no row restarts.
 
-    A document starts at every position whose id is 0 after the row's first token, so left padding
-    (ids 1, 1, 0, 1, 2 from `generate`) stays one document: padding is the attention mask's job.
+    A document starts at every position whose id is 0 after the row's first token. Left padding from
+    `generate` (ids 1, 1, 0, 1, 2) would read as two documents, so callers derive ids from positions only
+    when no padding mask is given (transformers' rule for packed batches); padding is the mask's job.
     """
     if position_ids.dim() != 2 or position_ids.shape[-1] < 2:
         return None
