@@ -13,12 +13,15 @@ import enum
 import hashlib
 import inspect
 import json
+import math
 import os
 import re
+import stat
 import types
 import typing
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -87,8 +90,33 @@ class RunConfig:
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a run config is a few kB; the cap bounds parsing time and memory
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """Valid YAML that a run config refuses (an alias, a duplicate key)."""
+
+
 class _YamlLoader(yaml.SafeLoader):
-    """SafeLoader that also reads `3e-4` (no dot) as a float, as YAML 1.2 does."""
+    """SafeLoader that reads `3e-4` (no dot) as a float, as YAML 1.2 does, and refuses what a run config never
+    needs: aliases (`*name`, whose expansion makes a 1 kB file gigabytes: the "billion laughs") and duplicate
+    keys (YAML lets the last one win silently)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            problem = f"alias *{event.anchor} is not allowed; write the value out"
+            raise _Refused(problem=problem, problem_mark=event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise _Refused(problem=f"duplicate key {key!r}; keep one", problem_mark=key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 _YamlLoader.add_implicit_resolver(
@@ -99,6 +127,19 @@ _YamlLoader.add_implicit_resolver(
     ),
     list("-+0123456789."),
 )
+
+
+def check_regular_file(path: str | os.PathLike, where: str) -> os.stat_result:
+    """`os.stat` of a regular file; `ConfigError` for a missing path, a folder or a FIFO, socket or device
+    (reading one blocks forever or never ends). Every file the jobs read as input passes here first."""
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        raise ConfigError(f"{where}: cannot open {os.fspath(path)!r} ({error.strerror}).") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file (a FIFO, socket or device)"
+        raise ConfigError(f"{where}: {os.fspath(path)!r} is {kind}; give a regular file.")
+    return info
 
 
 def _type_name(tp: Any) -> str:
@@ -175,15 +216,31 @@ def config_init_keys(config_class: type) -> set[str]:
 
 
 def read_yaml(path: str) -> dict[str, Any]:
-    """The top-level mapping of a YAML file; `ConfigError` for a missing file or invalid YAML."""
-    if not os.path.isfile(path):
+    """The top-level mapping of a YAML file of at most `MAX_CONFIG_BYTES` UTF-8 bytes, without aliases or
+    duplicate keys; `ConfigError` naming the file, line and fix otherwise."""
+    if not os.path.exists(path):
         raise ConfigError(f"config file {path!r} does not exist.")
-    with open(path, encoding="utf-8") as f:
-        try:
-            raw = yaml.load(f, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
-        except yaml.YAMLError as error:
-            first = str(error).splitlines()[0]
-            raise ConfigError(f"{path}: not valid YAML ({first}); fix the syntax.") from error
+    size = check_regular_file(path, "config file").st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {size} bytes is over the {MAX_CONFIG_BYTES}-byte limit of a run config.")
+    with open(path, "rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)[:MAX_CONFIG_BYTES]
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{path}: not UTF-8 (byte 0x{data[error.start]:02x} at offset {error.start}); re-save it as UTF-8."
+        ) from None
+    try:
+        raw = yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = f", line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or " ".join(str(error).split())
+        kind = "" if isinstance(error, _Refused) else "not valid YAML: "
+        raise ConfigError(f"{path}{line}: {kind}{problem}.") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a run config.") from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -231,21 +288,38 @@ def parse_config_file(
             raise ConfigError(f"{path}: key `{name}` must be a mapping, got {values!r}.")
         found_mappings[name] = values
 
+    class FlagParser(HfArgumentParser):
+        def error(self, message: str) -> typing.NoReturn:
+            raise _FlagError(message)
+
     configure_launch()
-    parser = HfArgumentParser([*tops, *sections.values()])
+    parser = FlagParser([*tops, *sections.values()])
     parser.set_defaults(**flat)
     try:
         parsed = parser.parse_args_into_dataclasses(args=list(cli_args))
+    except _FlagError as error:  # argparse: a flag without its value, a bad value or choice
+        raise ConfigError(f"{path}: command-line {error}; flags are config keys, e.g. --max_steps 100.") from None
     except ValueError as error:  # TrainingArguments.__post_init__ and unused command-line flags
         raise ConfigError(f"{path}: {' '.join(str(error).split())}") from error
-    except SystemExit as error:  # argparse: a flag without its value, a bad choice
-        raise ConfigError(
-            f"{path}: invalid command-line flags {' '.join(cli_args)!r} (see the message above)."
-        ) from error
     run = RunConfig(path=path, args={type(obj): obj for obj in parsed}, mappings=found_mappings)
+    prefixes = {**{cls: "" for cls in tops}, **{cls: f"{name}." for name, cls in sections.items()}}
+    for cls, obj in run.args.items():
+        check_finite(path, prefixes[cls], obj)
     if TrainingArguments in run.args:
         check_training_args(path, run[TrainingArguments])
     return run
+
+
+class _FlagError(Exception):
+    """argparse's error, raised instead of printing the usage of every field and exiting."""
+
+
+def check_finite(path: str, prefix: str, args: Any) -> None:
+    """No float field of a dataclass section may be NaN (`.nan` in YAML, `nan` on the command line)."""
+    for f in fields(args):
+        value = getattr(args, f.name, None)
+        if isinstance(value, float) and math.isnan(value):
+            raise ConfigError(f"{path}: key `{prefix}{f.name}` is NaN; give a number.")
 
 
 def check_training_args(path: str, args: Any) -> None:
@@ -258,11 +332,18 @@ def check_training_args(path: str, args: Any) -> None:
         "per_device_eval_batch_size": 1,
         "gradient_accumulation_steps": 1,
         "logging_steps": 1,
+        "learning_rate": 0.0,
+        "weight_decay": 0.0,
+        "max_grad_norm": 0.0,
     }
     for key, minimum in minimums.items():
         value = getattr(args, key)
         if value < minimum:
             raise ConfigError(f"{path}: key `training.{key}` = {value} must be >= {minimum}.")
+    for key in ("learning_rate", "weight_decay"):  # an infinite step turns every weight into inf or NaN
+        if math.isinf(getattr(args, key)):
+            raise ConfigError(f"{path}: key `training.{key}` is infinite; give a finite number.")
+    check_output_dir(path, args.output_dir)
     if args.max_steps == 0 or (args.max_steps < 0 and args.num_train_epochs <= 0):
         raise ConfigError(
             f"{path}: key `training.max_steps` = {args.max_steps} trains nothing; set max_steps > 0 "
@@ -278,8 +359,48 @@ def check_training_args(path: str, args: Any) -> None:
         )
 
 
-def build_model_config(path: str, model_type: str | None, kwargs: dict[str, Any], seq_len: int | None = None) -> Any:
-    """The family config from `model_type` + the `model:` mapping, with every error naming its key."""
+def check_output_dir(path: str, output_dir: str | None) -> None:
+    """`training.output_dir` is a folder (or can become one) that this process may write."""
+    if not output_dir:
+        return
+    where = f"{path}: key `training.output_dir` = {output_dir!r}"
+    existing = Path(os.path.abspath(output_dir))
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{where}: {str(existing)!r} is a file, not a folder; choose another output_dir.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where}: folder {str(existing)!r} is not writable; choose another output_dir.")
+
+
+def check_attn_implementation(path: str, model_config: Any, attn_implementation: str | None) -> None:
+    """The model accepts `attn_implementation` (known name, supported by the family, its package installed).
+
+    The check is transformers' own: the model is built on the meta device (no memory, no weights)."""
+    if attn_implementation is None:
+        return
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            AutoModelForCausalLM.from_config(model_config, attn_implementation=attn_implementation)
+    except (ValueError, ImportError) as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0].split(" Please request")[0]
+        raise ConfigError(
+            f"{path}: key `attn_implementation` = {attn_implementation!r}: {first} Use sdpa or eager."
+        ) from None
+
+
+def build_model_config(
+    path: str,
+    model_type: str | None,
+    kwargs: dict[str, Any],
+    seq_len: int | None = None,
+    attn_implementation: str | None = None,
+) -> Any:
+    """The family config from `model_type` + the `model:` mapping, checked with `attn_implementation`; every
+    error names its key."""
     from transformers import CONFIG_MAPPING
 
     import zpx_hf
@@ -306,6 +427,7 @@ def build_model_config(path: str, model_type: str | None, kwargs: dict[str, Any]
             f"{path}: key `model.vocab_size` = {vocab} is smaller than the byte tokenizer's {VOCAB_SIZE} tokens."
         )
     check_positions(path, config, seq_len)
+    check_attn_implementation(path, config, attn_implementation)
     return config
 
 
@@ -326,7 +448,11 @@ __all__ = [
     "RunArguments",
     "RunConfig",
     "build_model_config",
+    "check_attn_implementation",
+    "check_finite",
+    "check_output_dir",
     "check_positions",
+    "check_regular_file",
     "check_training_args",
     "config_init_keys",
     "parse_config_file",

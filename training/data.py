@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError
+from .config import ConfigError, check_regular_file
 
 COLUMNS = ["input_ids", "attention_mask", "labels"]
 
@@ -63,6 +63,7 @@ class TaskSpec:
     params: Callable[[DataArguments], dict[str, Any]]
     length: Callable[[DataArguments], int]
     length_key: str
+    keys: dict[str, str]  # generator parameter -> the `data:` key that sets it (named in error messages)
 
 
 TASK_SPECS: dict[str, TaskSpec] = {
@@ -70,16 +71,19 @@ TASK_SPECS: dict[str, TaskSpec] = {
         params=lambda d: {"num_pairs": d.mqar_num_pairs, "num_queries": d.mqar_num_queries},
         length=lambda d: 2 + 2 * d.mqar_num_pairs + 2 * (d.mqar_num_queries or d.mqar_num_pairs),  # BOS, |, pairs
         length_key="mqar_num_pairs",
+        keys={"num_pairs": "mqar_num_pairs", "num_queries": "mqar_num_queries"},
     ),
     "passkey": TaskSpec(
         params=lambda d: {"length": d.passkey_length or d.seq_len, "num_digits": d.passkey_digits},
         length=lambda d: d.passkey_length or d.seq_len,
         length_key="passkey_length",
+        keys={"length": "passkey_length", "seq_len": "passkey_length", "num_digits": "passkey_digits"},
     ),
     "selective_copy": TaskSpec(
         params=lambda d: {"num_tokens": d.selective_copy_num_tokens, "num_positions": d.selective_copy_num_positions},
         length=lambda d: 2 + d.selective_copy_num_positions + d.selective_copy_num_tokens,  # BOS, slots, |, copy
         length_key="selective_copy_num_positions",
+        keys={"num_tokens": "selective_copy_num_tokens", "num_positions": "selective_copy_num_positions"},
     ),
 }
 
@@ -91,12 +95,15 @@ MINIMUMS = {
     "mqar_num_pairs": 1,
     "selective_copy_num_tokens": 1,
     "selective_copy_num_positions": 1,
+    "max_documents": 1,  # these three may be null (no cap); 0 would silently mean "no cap" or one block
+    "max_train_blocks": 1,
+    "max_eval_blocks": 1,
 }
 
 
 def validate_data_args(path: str, data: DataArguments) -> None:
     """Range, feasibility and local-file checks of the `data:` section (before any data is built)."""
-    from zpx_hf.data_tasks import TASKS, is_local_source, passkey_examples
+    from zpx_hf.data_tasks import TASKS, is_local_source, task_examples
 
     if set(TASK_SPECS) != set(TASKS):
         raise RuntimeError(f"training.data.TASK_SPECS {sorted(TASK_SPECS)} != zpx_hf.data_tasks.TASKS {sorted(TASKS)}")
@@ -112,8 +119,9 @@ def validate_data_args(path: str, data: DataArguments) -> None:
             f"{path}: key `data.train_examples_per_task` is 0 and `data.text_source` is 'none': nothing to train on."
         )
     for key, minimum in MINIMUMS.items():
-        if getattr(data, key) < minimum:
-            raise ConfigError(f"{path}: key `data.{key}` = {getattr(data, key)} must be >= {minimum}.")
+        value = getattr(data, key)
+        if value is not None and value < minimum:
+            raise ConfigError(f"{path}: key `data.{key}` = {value} must be >= {minimum}.")
     if not 0 < data.heldout_fraction < 1:
         raise ConfigError(f"{path}: key `data.heldout_fraction` = {data.heldout_fraction} must be in (0, 1).")
     for task in data.tasks:
@@ -123,15 +131,17 @@ def validate_data_args(path: str, data: DataArguments) -> None:
                 f"{path}: key `data.{spec.length_key}`: task {task} needs {spec.length(data)} tokens but "
                 f"`data.seq_len` is {data.seq_len}."
             )
-    if "passkey" in data.tasks:
-        try:
-            passkey_examples(1, 0, seq_len=data.passkey_length or data.seq_len, num_digits=data.passkey_digits)
+        try:  # the generator's own checks (key alphabet, digits, ...), on one example
+            task_examples(task, 1, data.task_seed, data.seq_len, **spec.params(data))
         except ValueError as error:
-            raise ConfigError(f"{path}: key `data.passkey_length`: {error}") from error
+            named = [key for param, key in spec.keys.items() if f"{param}=" in str(error)]
+            raise ConfigError(f"{path}: key `data.{(named or [spec.length_key])[0]}`: {error}") from None
 
 
 def _data_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.parts))
+    """Every entry but folders and hidden names: a FIFO or device among them is refused, never skipped."""
+    entries = (p for p in folder.rglob("*") if not p.is_dir())
+    return sorted(p for p in entries if not any(part.startswith(".") for part in p.relative_to(folder).parts))
 
 
 def check_local_source(path: str, source: str, text_column: str) -> None:
@@ -175,13 +185,14 @@ def check_local_source(path: str, source: str, text_column: str) -> None:
 
 def _check_file(where: str, file: Path, text_column: str) -> None:
     suffix = file.suffix.lower()
+    size = check_regular_file(file, where).st_size
     if suffix == ".parquet":
-        if file.stat().st_size == 0:
+        if size == 0:
             raise ConfigError(f"{where}: {file} is empty; give a parquet file with a `{text_column}` column.")
         return
     raw = file.read_bytes()
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark (Excel's "CSV UTF-8") is not part of the text
     except UnicodeDecodeError as error:
         raise ConfigError(
             f"{where}: {file} is not valid UTF-8 (byte 0x{raw[error.start]:02x} at offset {error.start}); "

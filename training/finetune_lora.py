@@ -127,6 +127,7 @@ def merged_logit_difference(peft_model: Any, inputs: dict[str, Any]) -> float:
 
 def load_base(args: FinetuneArguments) -> tuple[Any, Any]:
     """Tokenizer and model of `base_model`; remote code only when `trust_remote_code` is set."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import zpx_hf  # noqa: F401 - registers the families, so their checkpoints load without remote code
@@ -135,7 +136,7 @@ def load_base(args: FinetuneArguments) -> tuple[Any, Any]:
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=args.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(location, trust_remote_code=args.trust_remote_code)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, SafetensorError) as error:  # SafetensorError: truncated weights
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise ConfigError(
             f"key `base_model` = {args.base_model!r} cannot be loaded ({first}); a checkpoint with its own model "
@@ -175,7 +176,10 @@ def run_finetune(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
         target_modules=targets,
         bias=lora.bias,
     )
-    peft_model = get_peft_model(model, peft_config)
+    try:
+        peft_model = get_peft_model(model, peft_config)
+    except ValueError as error:  # peft: none of the target modules is in the model
+        raise ConfigError(f"key `lora.target_modules` = {targets!r}: {' '.join(str(error).split())}") from None
     _, hub_id = base_model_source(args.base_model)
     base_name = hub_id or Path(args.base_model).resolve().name  # adapter_config.json never names a local path
     peft_model.peft_config["default"].base_model_name_or_path = base_name

@@ -24,13 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 import zpx_hf
 from zpx_hf.clifford_algebra import (
@@ -42,6 +43,9 @@ from zpx_hf.clifford_algebra import (
     sandwich,
     to_matrix,
 )
+
+from .cli import guarded
+from .config import ConfigError
 
 SAMPLE_TEXT = "The cat sat on the mat. The cat sat on the mat."
 MAX_TOKENS = 64  # beyond this the per-token panels stop being readable
@@ -61,30 +65,34 @@ def load_run(run_dir: str | Path, *, trust_remote_code: bool = False, device: st
     """(model, tokenizer) of a saved zpx-hf checkpoint, eager attention, eval mode.
 
     By default the installed zpx_hf classes load the weights; `trust_remote_code=True` runs the code
-    saved in the folder instead. Raises ValueError naming the folder when it is not such a checkpoint."""
+    saved in the folder instead, after `check_auto_map`. Raises `ConfigError` (a ValueError) naming the folder
+    when it is not such a checkpoint and naming `device` when there is no such device."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(run_dir)
     if not path.is_dir():
-        raise ValueError(f"run_dir {str(path)!r} is not a folder; pass the output_dir of a training run.")
+        raise ConfigError(f"run_dir {str(path)!r} is not a folder; pass the output_dir of a training run.")
     config_file = path / "config.json"
     if not config_file.is_file():
-        raise ValueError(f"run_dir {str(path)!r} has no config.json; pass a folder written by save_pretrained.")
+        raise ConfigError(f"run_dir {str(path)!r} has no config.json; pass a folder written by save_pretrained.")
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
         model_type, auto_map = config.get("model_type"), config.get("auto_map", {})
     except (json.JSONDecodeError, AttributeError) as error:
-        raise ValueError(f"run_dir {str(path)!r}: config.json is not a JSON object ({error}).") from None
+        raise ConfigError(f"run_dir {str(path)!r}: config.json is not a JSON object ({error}).") from None
     if model_type not in zpx_hf.FAMILIES:
-        raise ValueError(
+        raise ConfigError(
             f"run_dir {str(path)!r} holds model_type {model_type!r}, not a zpx-hf checkpoint "
             f"(expected one of {sorted(zpx_hf.FAMILIES)})."
         )
     if trust_remote_code and "AutoModelForCausalLM" not in auto_map:
-        raise ValueError(
+        raise ConfigError(
             f"run_dir {str(path)!r} carries no model code (config.json auto_map has no AutoModelForCausalLM); "
             "load it without trust_remote_code."
         )
+    if trust_remote_code:
+        check_auto_map(path, auto_map)
+    device = check_device(device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         if trust_remote_code:
@@ -96,19 +104,58 @@ def load_run(run_dir: str | Path, *, trust_remote_code: bool = False, device: st
             model = model_class.from_pretrained(path, attn_implementation="eager")
         else:
             model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, SafetensorError) as error:  # missing or truncated files, wrong shapes
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"run_dir {str(path)!r} could not be loaded: {first_line}") from None
+        raise ConfigError(f"run_dir {str(path)!r} could not be loaded: {first_line}") from None
     return model.to(device).eval(), tokenizer
+
+
+_SAME_FOLDER_CLASS = re.compile(r"^[A-Za-z_]\w*\.[A-Za-z_]\w*$")  # module.Class, the module beside config.json
+
+
+def check_auto_map(path: Path, auto_map: dict[str, Any]) -> None:
+    """Every `auto_map` entry names a module file inside the checkpoint folder.
+
+    transformers resolves `module.Class` as `os.path.join(folder, "module.py")`, so an absolute module path
+    (`/elsewhere/code.Class`) or `../code.Class` runs a file outside the folder, and `owner/repo--code.Class`
+    fetches code from another Hub repo; with `trust_remote_code=True` it runs. Refused here."""
+    for key, value in auto_map.items():
+        for reference in value if isinstance(value, list) else [value]:
+            if reference is None:
+                continue
+            if not isinstance(reference, str) or not _SAME_FOLDER_CLASS.match(reference):
+                raise ConfigError(
+                    f"run_dir {str(path)!r}: config.json auto_map[{key!r}] = {reference!r} does not name a module in "
+                    "the checkpoint folder (module.Class); refusing to run code from elsewhere."
+                )
+            module = reference.split(".")[0] + ".py"
+            if not (path / module).is_file():
+                raise ConfigError(f"run_dir {str(path)!r}: auto_map[{key!r}] names {module}, which is not there.")
+
+
+def check_device(device: str) -> torch.device:
+    """`--device` as a torch device that exists on this machine; `ConfigError` naming the flag otherwise."""
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ConfigError(f"--device {device!r} is not a torch device ({error}); use cpu or cuda.") from None
+    if resolved.type == "cpu":
+        return resolved
+    backend = getattr(torch, resolved.type, None)
+    available = getattr(backend, "is_available", lambda: False)()
+    count = getattr(backend, "device_count", lambda: 1)() if available else 0
+    if not available or (resolved.index or 0) >= count:
+        raise ConfigError(f"--device {device!r}: this machine has no such {resolved.type} device; use --device cpu.")
+    return resolved
 
 
 def encode(tokenizer: Any, text: str) -> tuple[torch.Tensor, list[str]]:
     """input_ids [1, L] of `text` and one printable label per token."""
     if not text:
-        raise ValueError("text is empty; pass a sample sentence (or leave --text out for the default).")
+        raise ConfigError("text is empty; pass a sample sentence (or leave --text out for the default).")
     input_ids = tokenizer(text, return_tensors="pt")["input_ids"]
     if input_ids.shape[1] > MAX_TOKENS:
-        raise ValueError(
+        raise ConfigError(
             f"text has {input_ids.shape[1]} tokens; the pictures show at most {MAX_TOKENS}: pass a shorter --text."
         )
     labels = [tokenizer.decode([token]).replace(" ", "\u2423") or "?" for token in input_ids[0].tolist()]
@@ -584,14 +631,13 @@ def main(argv: list[str] | None = None) -> int:
         "--trust-remote-code", action="store_true", help="run the model code saved in RUN_DIR instead of zpx_hf's"
     )
     args = parser.parse_args(argv)
-    try:
-        paths = inspect_run(args.run_dir, args.text, device=args.device, trust_remote_code=args.trust_remote_code)
-    except ValueError as error:
-        print(f"zpx-inspect: {error}", file=sys.stderr)
-        return 2
-    for path in paths:
+    code, paths = guarded(
+        lambda: inspect_run(args.run_dir, args.text, device=args.device, trust_remote_code=args.trust_remote_code),
+        "zpx-inspect",
+    )
+    for path in paths or []:
         print(path)
-    return 0
+    return code
 
 
 if __name__ == "__main__":

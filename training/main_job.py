@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .cli import guarded
+from .cli import EXIT_USAGE, HELP_FLAGS, guarded, usage_text
 from .data import DataArguments
 from .train import REPO_ROOT, load_run_config, run_training
 
@@ -64,15 +64,21 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = list(sys.argv[1:] if argv is None else argv)
+    if any(flag in HELP_FLAGS for flag in argv):
+        print(usage_text(__doc__.split("\n\nNo network")[0]))
+        return 0
     own = {"--config": str(DEFAULT_CONFIG), "--threads": "1", "--summary": ""}
     for flag in own:
         if flag in argv:
             index = argv.index(flag)
-            if index + 1 >= len(argv):
-                print(f"{flag} needs a value", file=sys.stderr)
-                return 2
+            if index + 1 >= len(argv) or argv[index + 1].startswith("--"):
+                print(f"zpx-main: config error: {flag} needs a value.", file=sys.stderr)
+                return EXIT_USAGE
             own[flag] = argv[index + 1]
             del argv[index : index + 2]
+    if not own["--threads"].isdigit() or int(own["--threads"]) < 1:
+        print(f"zpx-main: config error: --threads {own['--threads']!r} must be a whole number >= 1.", file=sys.stderr)
+        return EXIT_USAGE
     config = own["--config"]
     started = time.time()
 
@@ -88,11 +94,12 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.set_verbosity_error()
     threads = torch.get_num_threads()
-    code, run = guarded(lambda: load_run_config(config, ["--overwrite_output_dir", "true", "--inspect", "true", *argv]))
+    flags = ["--overwrite_output_dir", "true", "--inspect", "true", *argv]
+    code, run = guarded(lambda: load_run_config(config, flags), "zpx-main", reading_config=True)
     if run is None:
         return code
     print(f"[1/3] training {run.model_config.model_type} from {config} ({threads} CPU thread{'s' * (threads != 1)})")
-    code, result = guarded(lambda: run_training(run))
+    code, result = guarded(lambda: run_training(run), "zpx-main", run=run)
     if result is None:
         return code
     output_dir = result["output_dir"]

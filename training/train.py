@@ -42,7 +42,10 @@ def load_run_config(path: str, cli_args: Sequence[str] = ()) -> RunConfig:
     )
     data = run[DataArguments]
     validate_data_args(path, data)
-    run.model_config = build_model_config(path, run[ModelArguments].model_type, run.mappings["model"], data.seq_len)
+    model_args = run[ModelArguments]
+    run.model_config = build_model_config(
+        path, model_args.model_type, run.mappings["model"], data.seq_len, model_args.attn_implementation
+    )
     return run
 
 

@@ -302,16 +302,21 @@ def _load_local(path: str, split: str) -> Any:
 
 
 def pack_documents(documents: Sequence[str], seq_len: int, max_blocks: int | None = None) -> list[list[int]]:
-    """`<s> doc </s> <s> doc </s> ...` cut into full blocks of `seq_len` tokens (the tail is dropped)."""
+    """`<s> doc </s> <s> doc </s> ...` cut into full blocks of `seq_len` tokens (the tail is dropped).
+
+    Linear time: each token is copied once into the pending stream and once into its block (cutting the
+    stream's head off after every block re-copied the rest: quadratic in a long document)."""
     blocks: list[list[int]] = []
     stream: list[int] = []
     for doc in documents:
         stream += [BOS_ID, *text_to_ids(doc), EOS_ID]
-        while len(stream) >= seq_len:
-            blocks.append(stream[:seq_len])
-            stream = stream[seq_len:]
-            if max_blocks is not None and len(blocks) >= max_blocks:
-                return blocks
+        full = len(stream) // seq_len
+        if max_blocks is not None:
+            full = min(full, max_blocks - len(blocks))
+        blocks += [stream[i * seq_len : (i + 1) * seq_len] for i in range(full)]
+        del stream[: full * seq_len]  # what is left is shorter than a block (or the cap is reached)
+        if max_blocks is not None and len(blocks) >= max_blocks:
+            break
     return blocks
 
 
