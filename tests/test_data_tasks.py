@@ -2,6 +2,7 @@
 
 import json
 import re
+import time
 
 import pytest
 
@@ -19,7 +20,7 @@ from zpx_hf.data_tasks import (
     task_examples,
     text_dataset,
 )
-from zpx_hf.tokenization_bytes import BOS_ID, EOS_ID, PAD_ID, ids_to_text
+from zpx_hf.tokenization_bytes import BOS_ID, BYTE_OFFSET, EOS_ID, PAD_ID, ids_to_text
 
 
 def _answers(example):
@@ -174,6 +175,29 @@ def test_pack_documents_blocks():
     assert len(dataset) == 3 and dataset[0]["labels"] == dataset[0]["input_ids"]
     with pytest.raises(ValueError, match="shorter than one block"):
         text_dataset(["tiny"], seq_len=32)
+
+
+def test_pack_documents_caps_blocks_exactly():
+    documents = ["x" * 50, "y" * 50]
+    assert pack_documents(documents, seq_len=16, max_blocks=0) == []  # was one block
+    assert len(pack_documents(documents, seq_len=16, max_blocks=2)) == 2
+    assert pack_documents(documents, seq_len=16, max_blocks=100) == pack_documents(documents, seq_len=16)
+
+
+def test_pack_documents_is_linear_in_one_long_paragraph():
+    """4 MB in one paragraph: the blocks are the byte stream cut every seq_len tokens, and packing costs a small
+    multiple of encoding the text once (both measured here, in the same run). Cutting the stream's head off after
+    each block made it quadratic: 171 s at 4 MB where encoding takes well under a second."""
+    document = ("The quick brown fox jumps over the lazy dog; " * 90_000)[:4_000_000]
+    started = time.perf_counter()
+    stream = [BOS_ID, *(b + BYTE_OFFSET for b in document.encode("utf-8")), EOS_ID]
+    encode_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    blocks = pack_documents([document], seq_len=128)
+    pack_seconds = time.perf_counter() - started
+    assert len(blocks) == len(stream) // 128
+    assert all(block == stream[i * 128 : (i + 1) * 128] for i, block in enumerate(blocks))
+    assert pack_seconds < 50 * encode_seconds, (pack_seconds, encode_seconds)
 
 
 def test_local_text_and_jsonl_files_load_offline(tmp_path, monkeypatch):

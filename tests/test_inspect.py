@@ -1,6 +1,7 @@
 """zpx-inspect: the pictures of a trained model show the model's own numbers (tiny random models per family)."""
 
 import json
+from pathlib import Path
 
 import matplotlib.image
 import numpy as np
@@ -375,3 +376,53 @@ def test_versor_pictures_plot_the_rotors_and_score_parts(accumulate, tmp_path):
             shown = ax.images[0].get_array()
             np.testing.assert_array_equal(shown.data[causal], gpa[part][head][causal])
             assert shown.mask[~causal].all() and not shown.mask[causal].any()
+
+
+@pytest.fixture
+def copied_run(zpx_run, tmp_path):
+    import shutil
+
+    return Path(shutil.copytree(zpx_run, tmp_path / "copy"))
+
+
+def test_cli_truncated_weights_exit_2_with_one_line(copied_run, capsys):
+    weights = copied_run / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert main([str(copied_run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("zpx-inspect: ") and "could not be loaded" in err, err
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("bogus", "--device 'bogus' is not a torch device"),
+        pytest.param(
+            "cuda",
+            "--device 'cuda': this machine has no such cuda device",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),
+        ),
+        ("cpu:7x", "is not a torch device"),
+    ],
+)
+def test_cli_bad_device_exits_2_with_one_line(zpx_run, capsys, device, message):
+    assert main([str(zpx_run), "--device", device]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("reference", ["{folder}/outside.Outside", "someone/repo--modeling_zpx.ZPXForCausalLM"])
+def test_remote_code_from_outside_the_checkpoint_is_refused(copied_run, tmp_path, capsys, reference):
+    """transformers joins `module.Class` to the folder with os.path.join, so an absolute module path runs a file
+    anywhere on the machine (and `repo--module.Class` fetches another repo's code); zpx-inspect refuses both."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    ran = tmp_path / "ran"
+    (outside / "outside.py").write_text(f"open({str(ran)!r}, 'w').write('ran')\nclass Outside: pass\n")
+    config = json.loads((copied_run / "config.json").read_text())
+    config["auto_map"]["AutoModelForCausalLM"] = reference.format(folder=outside)
+    (copied_run / "config.json").write_text(json.dumps(config))
+    assert main([str(copied_run), "--trust-remote-code"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not name a module in the checkpoint folder" in err, err
+    assert not ran.exists()

@@ -180,3 +180,42 @@ def test_cli_errors_after_parsing_fail_in_one_line_with_exit_code_2(tmp_path, ca
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and expected in err and "Traceback" not in err, err
     assert not out.exists()
+
+
+def test_a_fifo_as_text_source_is_refused_without_blocking(tmp_path):
+    import os
+    import signal
+
+    def hung(signum, frame):
+        raise TimeoutError("blocked reading a FIFO")
+
+    fifo = tmp_path / "corpus.txt"
+    os.mkfifo(fifo)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "a.txt").write_text("some text\n")
+    os.mkfifo(folder / "b.txt")
+    signal.signal(signal.SIGALRM, hung)
+    signal.alarm(30)  # today's check reads the FIFO and blocks forever: fail instead of hanging the suite
+    try:
+        for source in (fifo, folder):
+            with pytest.raises(ConfigError, match="is not a regular file"):
+                load_run_config(_write(tmp_path, _micro(**{"data.text_source": str(source)})))
+    finally:
+        signal.alarm(0)
+
+
+def test_a_csv_with_a_utf8_byte_order_mark_is_read(tmp_path, monkeypatch):
+    from zpx_hf.data_tasks import load_documents
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    corpus = tmp_path / "excel.csv"
+    corpus.write_bytes("\ufefftext,label\nthe first row,1\nthe second row,2\n".encode("utf-8"))
+    run = load_run_config(_write(tmp_path, _micro(**{"data.text_source": str(corpus)})))
+    assert load_documents(run[DataArguments].text_source, "text") == ["the first row", "the second row"]
+
+
+@pytest.mark.parametrize("key", ["max_train_blocks", "max_eval_blocks", "max_documents"])
+def test_zero_caps_are_refused(tmp_path, key):
+    with pytest.raises(ConfigError, match=rf"`data\.{key}` = 0 must be >= 1"):
+        load_run_config(_write(tmp_path, _micro(**{f"data.{key}": 0})))
