@@ -103,9 +103,9 @@ def guarded(job: Callable[[], Any], prog: str, run: Any = None, reading_config: 
 
 
 def usage_text(usage: str) -> str:
-    """A command's `--help`: its module docstring (the command lines and the config layout)."""
-    flags = "Every config key can also be given as --key value (it overrides the YAML); `training:` keys are "
-    return f"{usage.strip()}\n\n{flags}transformers.TrainingArguments fields."
+    """A command's `--help`: its module docstring (command lines, config layout) and the exit codes."""
+    codes = "Exit codes: 0 done, 1 training diverged, 2 a config, data or file error (one line), 130 interrupted."
+    return f"{usage.strip()}\n\nAny config key can be given as --key value. {codes}"
 
 
 def cli_main(

@@ -4,6 +4,10 @@ A config has top-level keys (`ModelArguments`, `RunArguments`, or a job's own da
 sections (`data:`, `training:`, `lora:`) and free mappings (`model:`, the family config's keyword
 arguments). Command-line flags override any section or top-level field. Unknown keys, wrong types and
 values out of range raise `ConfigError` whose one-line message names the key and the fix.
+
+Parsing is bounded: at most `MAX_CONFIG_BYTES` of UTF-8, a safe loader that refuses aliases (an alias bomb
+expands exponentially wherever the config is walked, e.g. by `RunConfig.fingerprint`) and duplicate keys,
+and `check_regular_file` before any input file is opened (a FIFO would block forever).
 """
 
 from __future__ import annotations
