@@ -1,0 +1,60 @@
+"""Text packing time against corpus size: `pack_documents` on one paragraph of 0.5 ... 8 MB (issue 25, defect 7).
+
+The baseline, measured in the same run, is encoding the text to token ids once (the least any packing must do),
+so a linear `pack_documents` keeps a constant ratio to it as the paragraph grows; the quadratic one (cutting the
+head off the token stream after every block) took 2.2 / 9.6 / 40.6 / 171 s at 0.5 / 1 / 2 / 4 MB.
+
+Usage:  python benchmarks/bench_packing.py [--sizes-mb 0.5 1 2 4 8] [--seq-len 128]
+Writes benchmarks/results/bench_packing.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from pathlib import Path
+
+from zpx_hf.data_tasks import pack_documents
+from zpx_hf.tokenization_bytes import text_to_ids
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SENTENCE = "The quick brown fox jumps over the lazy dog; "
+
+
+def best_of(repeats: int, fn) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[0.5, 1, 2, 4, 8])
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    rows = []
+    for size in args.sizes_mb:
+        paragraph = (SENTENCE * (int(size * 1e6) // len(SENTENCE) + 1))[: int(size * 1e6)]
+        encode = best_of(args.repeats, lambda text=paragraph: text_to_ids(text))
+        pack = best_of(args.repeats, lambda text=paragraph: pack_documents([text], args.seq_len))
+        rows.append((size, encode, pack))
+        print(f"{size:g} MB: encode {encode:.3f} s, pack {pack:.3f} s, ratio {pack / encode:.1f}", flush=True)
+    lines = [
+        f"Measured by `python benchmarks/bench_packing.py` on {time.strftime('%Y-%m-%d')} ({platform.machine()}, "
+        f"Python {platform.python_version()}, best of {args.repeats}), one paragraph, seq_len {args.seq_len}:",
+        "",
+        "| paragraph | encode once (s) | pack_documents (s) | pack / encode |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {size:g} MB | {encode:.3f} | {pack:.3f} | {pack / encode:.1f} |" for size, encode, pack in rows]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_packing.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
