@@ -325,11 +325,14 @@ def test_a_yaml_error_inside_a_job_config_names_the_line(tmp_path, capsys):
     _one_line(capsys, "line 3: not valid YAML")
 
 
-def test_enospc_message_names_the_fix():
-    from training.cli import file_error_message
+def test_enospc_and_network_messages_name_the_fix():
+    from training.cli import expected_error
 
-    message = file_error_message(OSError(errno.ENOSPC, "No space left on device", "/data/run/optimizer.pt"))
+    kind, line = expected_error(ConnectionError("Max retries exceeded with url: /api/models"))
+    assert kind == "network error" and line.endswith("check the network and your login (HF_TOKEN or `hf auth login`).")
+    kind, line = expected_error(OSError(errno.ENOSPC, "No space left on device", "/data/run/optimizer.pt"))
+    assert kind == "file error"
     assert (
-        message
+        line
         == "No space left on device: '/data/run/optimizer.pt'; free space on that disk or choose another output_dir."
     )

@@ -32,23 +32,29 @@ def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
-def file_error_message(error: BaseException) -> str | None:
-    """The one line for a file the job could not read or write, or None when `error` is not such a failure."""
+def expected_error(error: BaseException) -> tuple[str, str] | None:
+    """`(kind, one line)` for a file the job could not read or write (or a network failure, which requests and
+    huggingface_hub raise as `OSError`), or None when `error` is not such a failure."""
     from safetensors import SafetensorError
 
+    if isinstance(error, OSError) and error.errno is None and error.filename is None:  # requests, the Hub
+        return "network error", f"{_first_line(error)}; check the network and your login (HF_TOKEN or `hf auth login`)."
     if isinstance(error, OSError):
         what = error.strerror or _first_line(error)
         name = f" {error.filename!r}" if error.filename else ""
         full = error.errno == errno.ENOSPC
         fix = "free space on that disk or choose another output_dir" if full else "check the path and its permissions"
-        return f"{what}:{name}; {fix}." if name else f"{what}; {fix}."
+        return "file error", f"{what}:{name}; {fix}." if name else f"{what}; {fix}."
     if isinstance(error, RuntimeError) and "inline_container" in str(error):  # torch.save's zip writer
-        return (
+        return "file error", (
             f"torch could not finish writing a checkpoint file ({_first_line(error)}); the disk is probably full: "
             "free space or choose another output_dir."
         )
     if isinstance(error, SafetensorError):
-        return f"a safetensors file cannot be read or written ({_first_line(error)}); it may be truncated."
+        return (
+            "file error",
+            f"a safetensors file cannot be read or written ({_first_line(error)}); it may be truncated.",
+        )
     return None
 
 
@@ -95,10 +101,10 @@ def guarded(job: Callable[[], Any], prog: str, run: Any = None, reading_config: 
         print(f"{prog}: {interrupted_message(prog, run)}", file=sys.stderr)
         return EXIT_INTERRUPTED, None
     except Exception as error:
-        message = file_error_message(error)
-        if message is None:
+        found = expected_error(error)
+        if found is None:
             raise
-        print(f"{prog}: file error: {message}", file=sys.stderr)
+        print(f"{prog}: {found[0]}: {found[1]}", file=sys.stderr)
         return EXIT_USAGE, None
 
 
@@ -138,4 +144,4 @@ def cli_main(
     return 0
 
 
-__all__ = ["cli_main", "file_error_message", "guarded", "interrupted_message", "last_complete_checkpoint", "usage_text"]
+__all__ = ["cli_main", "expected_error", "guarded", "interrupted_message", "last_complete_checkpoint", "usage_text"]
