@@ -336,3 +336,20 @@ def test_enospc_and_network_messages_name_the_fix():
         line
         == "No space left on device: '/data/run/optimizer.pt'; free space on that disk or choose another output_dir."
     )
+
+
+def test_safetensors_errors_say_truncated_or_disk_full(tmp_path):
+    from safetensors import SafetensorError, safe_open
+    from safetensors.torch import save_file
+
+    from training.cli import expected_error
+
+    weights = tmp_path / "model.safetensors"
+    save_file({"w": torch.zeros(64)}, str(weights))
+    weights.write_bytes(weights.read_bytes()[:20])
+    with pytest.raises(SafetensorError) as truncated:
+        safe_open(str(weights), "pt")
+    assert expected_error(truncated.value)[1].endswith("it may be truncated.")
+    # the text of Rust's io::Error for ENOSPC, as safetensors reports a failed write
+    full = SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space" })')
+    assert expected_error(full)[1].endswith("the disk is full: free space or choose another output_dir.")

@@ -51,10 +51,9 @@ def expected_error(error: BaseException) -> tuple[str, str] | None:
             "free space or choose another output_dir."
         )
     if isinstance(error, SafetensorError):
-        return (
-            "file error",
-            f"a safetensors file cannot be read or written ({_first_line(error)}); it may be truncated.",
-        )
+        full = any(sign in str(error) for sign in ("StorageFull", "No space left"))
+        hint = "the disk is full: free space or choose another output_dir" if full else "it may be truncated"
+        return "file error", f"a safetensors file cannot be read or written ({_first_line(error)}); {hint}."
     return None
 
 
