@@ -224,11 +224,11 @@ def read_yaml(path: str) -> dict[str, Any]:
     duplicate keys; `ConfigError` naming the file, line and fix otherwise."""
     if not os.path.exists(path):
         raise ConfigError(f"config file {path!r} does not exist.")
-    size = check_regular_file(path, "config file").st_size
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: {size} bytes is over the {MAX_CONFIG_BYTES}-byte limit of a run config.")
+    check_regular_file(path, "config file")
     with open(path, "rb") as f:
-        data = f.read(MAX_CONFIG_BYTES + 1)[:MAX_CONFIG_BYTES]
+        data = f.read(MAX_CONFIG_BYTES + 1)  # never more, whatever the file's size
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: over the {MAX_CONFIG_BYTES}-byte limit of a run config; is it the right file?")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as error:
