@@ -4,8 +4,8 @@ The baseline, measured in the same run, is encoding the text to token ids once (
 so a linear `pack_documents` keeps a constant ratio to it as the paragraph grows; the quadratic one (cutting the
 head off the token stream after every block) took 2.2 / 9.6 / 40.6 / 171 s at 0.5 / 1 / 2 / 4 MB.
 
-Usage:  python benchmarks/bench_packing.py [--sizes-mb 0.5 1 2 4 8] [--seq-len 128]
-Writes benchmarks/results/bench_packing.md.
+Usage:  python benchmarks/bench_text_packing.py [--sizes-mb 0.5 1 2 4 8] [--seq-len 128]
+Writes benchmarks/results/bench_text_packing.md.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def main() -> None:
         rows.append((size, encode, pack))
         print(f"{size:g} MB: encode {encode:.3f} s, pack {pack:.3f} s, ratio {pack / encode:.1f}", flush=True)
     lines = [
-        f"Measured by `python benchmarks/bench_packing.py` on {time.strftime('%Y-%m-%d')} ({platform.machine()}, "
+        f"Measured by `python benchmarks/bench_text_packing.py` on {time.strftime('%Y-%m-%d')} ({platform.machine()}, "
         f"Python {platform.python_version()}, best of {args.repeats}), one paragraph, seq_len {args.seq_len}:",
         "",
         "| paragraph | encode once (s) | pack_documents (s) | pack / encode |",
@@ -53,7 +53,7 @@ def main() -> None:
     ]
     lines += [f"| {size:g} MB | {encode:.3f} | {pack:.3f} | {pack / encode:.1f} |" for size, encode, pack in rows]
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_packing.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (RESULTS / "bench_text_packing.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
