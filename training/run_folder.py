@@ -425,13 +425,21 @@ class RunFolder:
         self.replaced = False
 
     def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
+        """After a failure, say what the folder holds now: the replaced run (an overwrite is undone), or this
+        run's checkpoints."""
         try:
+            note = None
             if error is not None and self.restore():
-                note = f"the overwrite is undone: {self.folder} holds the run it held before (this run's are gone)"
-                if error.args and isinstance(error.args[0], str):
-                    error.args = (f"{error.args[0]}; {note}.", *error.args[1:])
-                else:
-                    print(f"note: {note}", file=sys.stderr, flush=True)
+                note = (
+                    f"the overwrite is undone: {self.folder} holds the run it held before (this run's files are gone)"
+                )
+            elif error is not None and not isinstance(error, ConfigError) and self.main_process:
+                saved = checkpoints(self.folder)
+                note = f"the checkpoints saved before it in {self.folder} are intact" if saved else None
+            if note and error.args and isinstance(error.args[0], str):
+                error.args = (f"{error.args[0].rstrip('.')}; {note}.", *error.args[1:])
+            elif note:
+                print(f"note: {note}", file=sys.stderr, flush=True)
         finally:
             self.lock.release()
 

@@ -56,8 +56,7 @@ class FiniteCheck(TrainerCallback):
             where = f"the gradient of `{bad}`" if bad else "a gradient on another process"
             raise TrainingDivergedError(
                 f"training stopped at step {state.global_step + 1}: {where} is not finite (nan or inf); "
-                f"lower training.learning_rate or check the data; checkpoints saved before it in {args.output_dir} "
-                "are intact."
+                "lower training.learning_rate or check the data."  # `RunFolder` adds what the folder holds now
             )
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
