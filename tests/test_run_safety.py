@@ -204,6 +204,10 @@ def test_merged_output_dir_never_replaces_the_base_or_another_run(tmp_path, fini
     other_model = (other / "model.safetensors").read_bytes()
     with pytest.raises(ConfigError, match=r"key `merged_output_dir`: .*other-run is not empty"):
         run_finetune(_lora(tmp_path, finished_run, other))
+    with pytest.raises(
+        ConfigError, match=r"other-run holds another zpx-train run .* replaces only zpx-finetune-lora's"
+    ):
+        run_finetune(_lora(tmp_path, finished_run, other, "--overwrite_output_dir", "true"))
     assert (other / "model.safetensors").read_bytes() == other_model
     assert {p: p.read_bytes() for p in untouched} == untouched
     with pytest.raises(ConfigError, match="`lora.target_modules`: not_a_module match no module of the base model"):
@@ -218,3 +222,23 @@ def test_merged_output_dir_never_replaces_the_base_or_another_run(tmp_path, fini
     assert (tmp_path / "merged" / "model.safetensors").exists() and (tmp_path / "merged" / "README.md").exists()
     assert result["metrics"]["merge_max_abs_logit_difference_float64"] < 1e-10
     assert {p: p.read_bytes() for p in untouched} == untouched
+
+
+def test_lora_run_killed_after_its_last_step_is_finished_by_resume(tmp_path, finished_run):
+    flags = ["--save_strategy", "steps", "--save_steps", "2"]
+    with pytest.raises(KeyboardInterrupt):
+        run_finetune(_lora(tmp_path, finished_run, tmp_path / "merged", *flags), callbacks=[KillAtTrainEnd()])
+    adapter = tmp_path / "adapter"
+    assert not (adapter / "adapter_model.safetensors").exists() and not (tmp_path / "merged" / "config.json").exists()
+    result = run_finetune(
+        _lora(tmp_path, finished_run, tmp_path / "merged", *flags, "--resume_from_checkpoint", "last")
+    )
+    assert result["trainer"].state.global_step == 2
+    final, last = (
+        load_file(adapter / "adapter_model.safetensors"),
+        load_file(adapter / "checkpoint-2" / "adapter_model.safetensors"),
+    )
+    assert final.keys() == last.keys() and all(torch.equal(final[k], last[k]) for k in final)
+    assert (tmp_path / "merged" / "model.safetensors").exists()
+    assert json.loads((adapter / RUN_MARKER).read_text())["finished"]
+    assert json.loads((tmp_path / "merged" / RUN_MARKER).read_text())["finished"]

@@ -48,8 +48,9 @@ def open_run(
     inputs: dict[str, str] | None = None,
 ) -> Iterator[RunFolders]:
     """Hold every folder the job writes for the `with` block: `training.output_dir`, then each `(key, folder)` of
-    `extra` (e.g. `merged_output_dir`); none may be one of `inputs` (`{"base model": folder}`). Process 0 checks
-    and marks them first; an exception in the block undoes an overwrite (see `RunFolder`)."""
+    `extra` (e.g. `merged_output_dir`: an overwrite there replaces only this job's own outputs, never another
+    run); none may be one of `inputs` (`{"base model": folder}`). Process 0 checks and marks them first; an
+    exception in the block undoes an overwrite (see `RunFolder`)."""
     from transformers import TrainingArguments
 
     training_args = run[TrainingArguments]
@@ -68,7 +69,8 @@ def open_run(
                 )
             ]
             for key, folder in extra:
-                folders.append(stack.enter_context(RunFolder(folder, identity, **common, key=key)))
+                extra_folder = RunFolder(folder, identity, **common, key=key, overwrites_only=job)
+                folders.append(stack.enter_context(extra_folder))
         yield RunFolders(folders, identity, folders[0].resume)
 
 

@@ -308,7 +308,8 @@ class RunFolder:
 
     On entry (process 0): refuse a folder that is one of `inputs` (the base model); take the lock; refuse a
     folder holding another run unless `overwrite` (then its contents move to `.zpx-replaced/`) or a resume of
-    this run; with `training_args`, choose the checkpoint to resume (`self.resume`); write the marker.
+    this run (with `overwrites_only`, only a folder that job wrote may be replaced); with `training_args`,
+    choose the checkpoint to resume (`self.resume`); write the marker.
     On an exception the overwrite is undone (the old run comes back). `finish()` marks the run finished
     and drops the replaced run."""
 
@@ -323,10 +324,12 @@ class RunFolder:
         inputs: dict[str, str] | None = None,
         main_process: bool = True,
         training_args: Any = None,
+        overwrites_only: str | None = None,
     ) -> None:
         self.folder, self.identity, self.key = Path(folder), identity, key
         self.overwrite, self.resume_asked, self.main_process = overwrite, resume_asked, main_process
         self.inputs = inputs or {}
+        self.overwrites_only = overwrites_only  # a job name: overwrite replaces only that job's outputs here
         self.lock = FolderLock(self.folder, key)
         self.replaced = False
         self.training_args = training_args
@@ -371,6 +374,17 @@ class RunFolder:
                     f"key `{self.key}`: {self.folder} holds {what}, not this config ({self.identity.fingerprint}); "
                     "resume only into the folder of the same run, or pass --overwrite_output_dir true to start over."
                 )
+        if (
+            holds_run
+            and self.overwrite
+            and self.overwrites_only
+            and getattr(recorded, "job", None) != self.overwrites_only
+        ):
+            what = "files of no run" if recorded is None else f"another {recorded.describe()}"
+            raise ConfigError(
+                f"key `{self.key}`: {self.folder} holds {what}; --overwrite_output_dir replaces only "
+                f"{self.overwrites_only}'s own outputs there, so choose another folder."
+            )
         if self.overwrite and self.resume_asked:
             raise ConfigError(
                 "keys `overwrite_output_dir` and `training.resume_from_checkpoint` contradict each other; drop one."
