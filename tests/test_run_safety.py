@@ -124,15 +124,21 @@ def test_resume_skips_truncated_checkpoints_and_names_them(tmp_path, capsys):
     assert "skipped incomplete checkpoints: checkpoint-4 (truncated trainer_state.json)" in printed.err
     assert resumed["trainer"].state.global_step == 6
 
-    # weights cut short under an intact state: skipped as well, and refused when named explicitly
+    # weights cut short under an intact state: refused when named explicitly, skipped by `resume last`
     weights = out / "checkpoint-6" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])
     assert checkpoint_problem(out / "checkpoint-6") == "truncated model.safetensors"
     with pytest.raises(ConfigError, match=r"checkpoint-6' is not a complete checkpoint \(truncated model.safetensors"):
         _train(out, "--max_steps", "8", "--resume_from_checkpoint", str(out / "checkpoint-6"))
-    optimizer = out / "checkpoint-4" / "optimizer.pt"
+    capsys.readouterr()
+    resumed = _train(out, "--max_steps", "8", "--save_steps", "2", "--resume_from_checkpoint", "last")
+    printed = capsys.readouterr()
+    assert f"resuming from {out / 'checkpoint-4'}" in printed.out  # re-saved whole by the resumed run
+    assert "skipped incomplete checkpoints: checkpoint-6 (truncated model.safetensors)" in printed.err
+    assert resumed["trainer"].state.global_step == 8
+    optimizer = out / "checkpoint-2" / "optimizer.pt"
     optimizer.write_bytes(optimizer.read_bytes()[:1000])
-    assert checkpoint_problem(out / "checkpoint-4") == "truncated optimizer.pt"
+    assert checkpoint_problem(out / "checkpoint-2") == "truncated optimizer.pt"
 
 
 def test_resume_from_model_only_checkpoints_is_refused(tmp_path, capsys):
