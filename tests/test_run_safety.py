@@ -248,3 +248,16 @@ def test_lora_run_killed_after_its_last_step_is_finished_by_resume(tmp_path, fin
     assert (tmp_path / "merged" / "model.safetensors").exists()
     assert json.loads((adapter / RUN_MARKER).read_text())["finished"]
     assert json.loads((tmp_path / "merged" / RUN_MARKER).read_text())["finished"]
+
+
+def test_unwritable_output_dir_and_a_refused_resume_fail_in_one_line_and_leave_nothing(tmp_path, capsys):
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("not a folder")
+    assert main([MICRO, *QUICK, "--output_dir", str(in_the_way), "--max_steps", "1"]) == 2
+    fresh = tmp_path / "fresh"
+    assert (
+        main([MICRO, *QUICK, "--output_dir", str(fresh), "--max_steps", "1", "--resume_from_checkpoint", "last"]) == 2
+    )
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("config error")]
+    assert len(err) == 2 and f"cannot write to {in_the_way}" in err[0] and "no complete checkpoint" in err[1], err
+    assert in_the_way.read_text() == "not a folder" and not fresh.exists()  # the lock's folder went with it

@@ -91,12 +91,20 @@ class FolderLock:
     def __init__(self, folder: str | os.PathLike, key: str = "training.output_dir") -> None:
         self.folder, self.key = Path(folder), key
         self._file: Any = None
+        self.created = False
 
     def acquire(self) -> FolderLock:
         import fcntl
 
-        self.folder.mkdir(parents=True, exist_ok=True)
-        handle = open(self.folder / LOCK_FILE, "a+", encoding="utf-8")
+        self.created = not self.folder.exists()
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            handle = open(self.folder / LOCK_FILE, "a+", encoding="utf-8")
+        except OSError as error:  # a file in the way, a read-only folder, no permission
+            raise ConfigError(
+                f"key `{self.key}`: cannot write to {self.folder} ({error.strerror or error}); choose a folder you "
+                "can write."
+            ) from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -115,9 +123,18 @@ class FolderLock:
         return self
 
     def release(self) -> None:
-        if self._file is not None:
-            self._file.close()  # closing the file releases the flock
-            self._file = None
+        """Unlock; a folder this lock created and the job left empty is removed (while still locked, so a job
+        that opens the lock file meanwhile finds it held, and one that comes later makes a new one)."""
+        if self._file is None:
+            return
+        if self.created and [p.name for p in self.folder.iterdir()] == [LOCK_FILE]:
+            (self.folder / LOCK_FILE).unlink(missing_ok=True)
+            try:
+                self.folder.rmdir()
+            except OSError:
+                pass
+        self._file.close()  # closing the file releases the flock
+        self._file = None
 
 
 @dataclass(frozen=True)
