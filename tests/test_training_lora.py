@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers_training import single_thread  # noqa: F401 - autouse fixture
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
@@ -22,15 +23,6 @@ from zpx_hf import ZPXConfig, ZPXForCausalLM
 from zpx_hf.tokenization_bytes import build_byte_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    # Micro models: a second intra-op thread costs more than it saves (and collapses on a busy machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers_training import StopAt, single_thread  # noqa: F401 - single_thread: autouse fixture
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from training.config import ConfigError
@@ -37,15 +38,6 @@ result = {"module": type(model).__module__, "logits": logits[0, -1].tolist(), "n
 with open(sys.argv[2], "w") as f:
     json.dump(result, f)
 """
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    # Micro models: a second intra-op thread costs more than it saves (and collapses on a busy machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -125,16 +117,6 @@ def test_local_text_file_as_training_data(tmp_path):
     assert str(tmp_path) not in card and str(tmp_path) not in (tmp_path / "out" / "report.md").read_text()
 
 
-class StopAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step >= self.step:
-            control.should_training_stop = True
-        return control
-
-
 def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, capsys):
     common = ["--max_steps", "6", "--save_steps", "3", "--logging_steps", "1", "--tasks", "mqar"]
     full = run_training(load_run_config(MICRO, [*common, "--output_dir", str(tmp_path / "full")]))
@@ -149,8 +131,9 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, capsys):
     resumed = run_training(
         load_run_config(MICRO, [*common, "--output_dir", interrupted_dir, "--resume_from_checkpoint", "last"])
     )
-    printed = capsys.readouterr().out
-    assert f"resuming from {Path(interrupted_dir) / 'checkpoint-3'} (skipped incomplete checkpoint-5" in printed
+    printed = capsys.readouterr()
+    assert f"resuming from {Path(interrupted_dir) / 'checkpoint-3'}" in printed.out
+    assert "warning: skipped incomplete checkpoints: checkpoint-5 (no trainer_state.json)" in printed.err
     assert resumed["trainer"].state.global_step == 6
     reference = full["trainer"].model.state_dict()
     for name, value in resumed["trainer"].model.state_dict().items():

@@ -19,9 +19,9 @@ is written to `metrics.json`.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +30,10 @@ from typing import Any
 from .cli import cli_main
 from .config import ConfigError, RunArguments, RunConfig, check_positions, parse_config_file
 from .data import DataArguments, build_datasets, dataset_tags, validate_data_args
+from .job import open_run, publish, train_and_save, write_card
 from .report import card_data, mapping_table, model_card_template, render_model_card, write_report
-from .trainer import build_trainer, prepare_output_dir
+from .run_folder import STAGING, publish_folder
+from .trainer import build_trainer
 
 HUB_PREFIX = "hf://"
 
@@ -98,6 +100,12 @@ def load_finetune_config(path: str, cli_args: Sequence[str] = ()) -> RunConfig:
         raise ConfigError(f"{path}: key `lora.dropout` = {lora.dropout} must be in [0, 1).")
     if lora.bias not in ("none", "all", "lora_only"):
         raise ConfigError(f"{path}: key `lora.bias` = {lora.bias!r} must be one of none, all, lora_only.")
+    merged = run[FinetuneArguments].merged_output_dir
+    if merged and os.path.abspath(merged) == os.path.abspath(run[TrainingArguments].output_dir):
+        raise ConfigError(
+            f"{path}: key `merged_output_dir` = {merged!r} is the adapter's `training.output_dir`; give it a folder "
+            "of its own."
+        )
     validate_data_args(path, run[DataArguments])
     return run
 
@@ -145,29 +153,31 @@ def load_base(args: FinetuneArguments) -> tuple[Any, Any]:
     return tokenizer, model
 
 
-def run_finetune(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
-    """LoRA-train, save the adapter, check and (optionally) save the merge, evaluate, write report and cards.
-
-    Returns `{"output_dir", "metrics", "base_metrics", "train_metrics", "trainer", "merged", "datasets"}`.
-    """
+def check_lora_targets(model: Any, targets: list[str] | str) -> None:
+    """Every requested target must name a module of the model (PEFT's rule: the full name, or its last parts);
+    PEFT itself drops unmatched names silently yet lists them in `adapter_config.json`."""
     import torch
+
+    if not isinstance(targets, list):
+        return
+    names = [name for name, _ in model.named_modules()]
+    missing = [t for t in targets if not any(name == t or name.endswith(f".{t}") for name in names)]
+    if missing:
+        linear = sorted(
+            {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        )
+        raise ConfigError(
+            f"key `lora.target_modules`: {', '.join(missing)} match no module of the base model "
+            f"({model.config.model_type}); its linear layers are {', '.join(linear)} (or write [default])."
+        )
+
+
+def build_peft_model(model: Any, lora: LoraArguments, base_name: str) -> tuple[Any, list[str] | str]:
+    """The base model wrapped with LoRA on its checked targets; `adapter_config.json` names `base_name`."""
     from peft import LoraConfig, TaskType, get_peft_model
-    from transformers import TrainingArguments, set_seed
 
-    from zpx_hf.evaluation import evaluate_model
-
-    args, lora, data = run[FinetuneArguments], run[LoraArguments], run[DataArguments]
-    training_args = run[TrainingArguments]
-    resume = prepare_output_dir(training_args, run.fingerprint(), run[RunArguments].overwrite_output_dir, run.path)
-    started = time.time()
-    tokenizer, model = load_base(args)
-    check_positions("base_model", model.config, data.seq_len)
-    datasets = build_datasets(data)
-    batch = training_args.per_device_eval_batch_size
-    base_metrics = evaluate_model(model, datasets["heldout"], datasets["tasks"], batch)
-
-    set_seed(training_args.seed)
     targets = lora_targets(model.config.model_type, lora.target_modules)
+    check_lora_targets(model, targets)
     peft_config = LoraConfig(
         task_type=TaskType.CAUSAL_LM,
         r=lora.rank,
@@ -180,83 +190,67 @@ def run_finetune(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
         peft_model = get_peft_model(model, peft_config)
     except ValueError as error:  # peft: none of the target modules is in the model
         raise ConfigError(f"key `lora.target_modules` = {targets!r}: {' '.join(str(error).split())}") from None
-    _, hub_id = base_model_source(args.base_model)
-    base_name = hub_id or Path(args.base_model).resolve().name  # adapter_config.json never names a local path
-    peft_model.peft_config["default"].base_model_name_or_path = base_name
-    trainable, total = peft_model.get_nb_trainable_parameters()
-    trainer = build_trainer(peft_model, tokenizer, training_args, datasets["train"], datasets["eval"], callbacks)
-    train_output = trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model()  # adapter_model.safetensors + adapter_config.json + tokenizer
-    train_metrics = dict(train_output.metrics)
+    peft_model.peft_config["default"].base_model_name_or_path = base_name  # never a local path
+    return peft_model, targets
 
-    metrics: dict[str, Any] = {}
-    merged = None
-    output_dir = training_args.output_dir
-    if trainer.is_world_process_zero():
-        probe = datasets["heldout"] if datasets["heldout"] is not None else next(iter(datasets["tasks"].values()))
-        rows = probe[: min(len(probe), 8)]
-        device = next(peft_model.parameters()).device
-        inputs = {key: torch.tensor(rows[key], device=device) for key in ("input_ids", "attention_mask")}
-        difference = merged_logit_difference(peft_model, inputs)
-        adapter_metrics = evaluate_model(peft_model, datasets["heldout"], datasets["tasks"], batch)
-        details = {
-            "base_model": base_name,
-            "target_modules": ", ".join(targets) if isinstance(targets, list) else targets,
-            "rank": lora.rank,
-            "alpha": lora.alpha,
-            "trainable_parameters": trainable,
-            "total_parameters": total,
-            "steps": trainer.state.global_step,
-            "final_train_loss": round(train_metrics.get("train_loss", float("nan")), 4),
-            "train_runtime_s": round(train_metrics.get("train_runtime", 0.0), 1),
-        }
-        details.update({f"base {k}": v for k, v in _flat(base_metrics).items()})
-        metrics = {**adapter_metrics, "merge_max_abs_logit_difference_float64": difference}
-        history = trainer.state.log_history
-        write_report(output_dir, metrics, history, title="LoRA fine-tune", details=details)
-        context = {
-            "model_type": model.config.model_type,
-            "base_model": base_name,
-            "lora_table": mapping_table({k: details[k] for k in ("target_modules", "rank", "alpha")}),
-            "data_description": "\n".join(f"- {line}" for line in datasets["description"]),
-            "training": details,
-            "metrics": adapter_metrics,
-            "merge_difference": f"{difference:.1e}",
-        }
-        cards = {"adapter": (output_dir, "peft")}
-        if args.merged_output_dir:
-            cards["merged"] = (args.merged_output_dir, "transformers")
-        merged = peft_model.merge_and_unload()
-        if args.merged_output_dir:
-            merged.save_pretrained(args.merged_output_dir)
-            tokenizer.save_pretrained(args.merged_output_dir)
-        for kind, (folder, library) in cards.items():
-            name = training_args.hub_model_id if kind == "adapter" and training_args.hub_model_id else Path(folder).name
-            card_context = {
-                **context,
-                "model_name": name,
-                "repo_id": training_args.hub_model_id or f"path/to/{name}",
-                "output_dir": folder,
+
+def base_model_type(location: str) -> str | None:
+    """The family named in a local base checkpoint's config.json (None for a Hub base)."""
+    path = Path(location, "config.json")
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("model_type")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def run_finetune(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
+    """LoRA-train, save the adapter, check and (optionally) save the merge, evaluate, write report and cards.
+
+    Steps (`training.job`): open the run folders (the adapter's and `merged_output_dir`, neither the base
+    model's), load and evaluate the base, train and save the adapter, merge, evaluate, report and cards,
+    publish. Returns `{"output_dir", "metrics", "base_metrics", "train_metrics", "trainer", "merged", "datasets"}`.
+    """
+    from transformers import TrainingArguments, set_seed
+
+    from zpx_hf.evaluation import evaluate_model
+
+    args, lora, data = run[FinetuneArguments], run[LoraArguments], run[DataArguments]
+    training_args = run[TrainingArguments]
+    location, hub_id = base_model_source(args.base_model)
+    extra = [("merged_output_dir", args.merged_output_dir)] if args.merged_output_dir else []
+    inputs = {"base model": location} if hub_id is None else {}
+    with open_run(run, "zpx-finetune-lora", base_model_type(location), extra, inputs) as folders:
+        tokenizer, model = load_base(args)
+        check_positions("base_model", model.config, data.seq_len)
+        datasets = build_datasets(data)
+        base_metrics = evaluate_model(
+            model, datasets["heldout"], datasets["tasks"], training_args.per_device_eval_batch_size
+        )
+        set_seed(training_args.seed)
+        base_name = hub_id or Path(args.base_model).resolve().name
+        peft_model, targets = build_peft_model(model, lora, base_name)
+        trainer = build_trainer(peft_model, tokenizer, training_args, datasets["train"], datasets["eval"], callbacks)
+        train_metrics = train_and_save(trainer, folders)  # adapter_model.safetensors + adapter_config.json + tokenizer
+        metrics: dict[str, Any] = {}
+        merged = None
+        if trainer.is_world_process_zero():
+            details = {
+                "base_model": base_name,
+                "target_modules": ", ".join(targets) if isinstance(targets, list) else targets,
+                "rank": lora.rank,
+                "alpha": lora.alpha,
+                **dict(zip(("trainable_parameters", "total_parameters"), peft_model.get_nb_trainable_parameters())),
+                "steps": trainer.state.global_step,
+                "final_train_loss": round(train_metrics.get("train_loss", float("nan")), 4),
+                "train_runtime_s": round(train_metrics.get("train_runtime", 0.0), 1),
+                **{f"base {k}": v for k, v in _flat(base_metrics).items()},
             }
-            tags = ["zpx-hf", model.config.model_type, "lora", "text-generation"]
-            tags += ["peft"] if kind == "adapter" else ["custom_code", "merged-lora"]
-            metadata = card_data(
-                model_name=name,
-                tags=tags,
-                datasets=dataset_tags(data),
-                metrics=adapter_metrics,
-                corpus=dataset_tags(data)[0] if data.text_source != "none" else None,
-                base_model=hub_id,
-                library_name=library,
-            )
-            text = render_model_card(model_card_template(f"lora-{kind}"), card_context, metadata)
-            Path(folder, "README.md").write_text(text, encoding="utf-8")
-    trainer.accelerator.wait_for_everyone()
-    if training_args.push_to_hub:
-        trainer.push_to_hub(commit_message="LoRA adapter trained with zpx-hf zpx-finetune-lora")
-    train_metrics["total_runtime"] = time.time() - started
+            metrics, merged = evaluate_and_merge(run, trainer, tokenizer, datasets, details)
+        publish(trainer, folders, "LoRA adapter trained with zpx-hf zpx-finetune-lora", train_metrics)
     return {
-        "output_dir": output_dir,
+        "output_dir": training_args.output_dir,
         "metrics": metrics,
         "base_metrics": base_metrics,
         "train_metrics": train_metrics,
@@ -264,6 +258,77 @@ def run_finetune(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
         "merged": merged,
         "datasets": datasets,
     }
+
+
+def evaluate_and_merge(
+    run: RunConfig, trainer: Any, tokenizer: Any, datasets: dict[str, Any], details: dict[str, Any]
+) -> tuple[dict[str, Any], Any]:
+    """Main process: the float64 merge check, the adapter's metrics, report and adapter card; then the merged
+    model, saved atomically to `merged_output_dir` (when set) with its card. Returns `(metrics, merged model)`."""
+    import torch
+    from transformers import TrainingArguments
+
+    from zpx_hf.evaluation import evaluate_model
+
+    args, training_args = run[FinetuneArguments], run[TrainingArguments]
+    peft_model = trainer.model
+    probe = datasets["heldout"] if datasets["heldout"] is not None else next(iter(datasets["tasks"].values()))
+    rows = probe[: min(len(probe), 8)]
+    device = next(peft_model.parameters()).device
+    inputs = {key: torch.tensor(rows[key], device=device) for key in ("input_ids", "attention_mask")}
+    difference = merged_logit_difference(peft_model, inputs)
+    adapter_metrics = evaluate_model(
+        peft_model, datasets["heldout"], datasets["tasks"], training_args.per_device_eval_batch_size
+    )
+    metrics = {**adapter_metrics, "merge_max_abs_logit_difference_float64": difference}
+    output_dir = training_args.output_dir
+    write_report(output_dir, metrics, trainer.state.log_history, title="LoRA fine-tune", details=details)
+    context = {
+        "model_type": peft_model.config.model_type,
+        "base_model": details["base_model"],
+        "lora_table": mapping_table({k: details[k] for k in ("target_modules", "rank", "alpha")}),
+        "data_description": "\n".join(f"- {line}" for line in datasets["description"]),
+        "training": details,
+        "metrics": adapter_metrics,
+        "merge_difference": f"{difference:.1e}",
+    }
+    trainer.card_text = lora_card(run, "adapter", output_dir, context)
+    trainer.create_model_card()
+    merged = peft_model.merge_and_unload()
+    if args.merged_output_dir:
+        staging = Path(args.merged_output_dir, STAGING)
+        merged.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        publish_folder(staging, Path(args.merged_output_dir))
+        write_card(args.merged_output_dir, lora_card(run, "merged", args.merged_output_dir, context))
+    return metrics, merged
+
+
+def lora_card(run: RunConfig, kind: str, folder: str, context: dict[str, Any]) -> str:
+    """The adapter's (`kind="adapter"`, library peft) or the merged model's card (`"merged"`, transformers)."""
+    from transformers import TrainingArguments
+
+    args, data, training_args = run[FinetuneArguments], run[DataArguments], run[TrainingArguments]
+    _, hub_id = base_model_source(args.base_model)
+    name = training_args.hub_model_id if kind == "adapter" and training_args.hub_model_id else Path(folder).name
+    card_context = {
+        **context,
+        "model_name": name,
+        "repo_id": training_args.hub_model_id or f"path/to/{name}",
+        "output_dir": folder,
+    }
+    tags = ["zpx-hf", context["model_type"], "lora", "text-generation"]
+    tags += ["peft"] if kind == "adapter" else ["custom_code", "merged-lora"]
+    metadata = card_data(
+        model_name=name,
+        tags=tags,
+        datasets=dataset_tags(data),
+        metrics=context["metrics"],
+        corpus=dataset_tags(data)[0] if data.text_source != "none" else None,
+        base_model=hub_id,
+        library_name="peft" if kind == "adapter" else "transformers",
+    )
+    return render_model_card(model_card_template(f"lora-{kind}"), card_context, metadata)
 
 
 def _flat(metrics: dict[str, Any]) -> dict[str, float]:

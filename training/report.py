@@ -4,17 +4,21 @@ The card's metadata is a `huggingface_hub.ModelCardData` (license, tags, dataset
 `model-index` of the measured metrics), read back through `ModelCard` before it is written so malformed
 metadata fails here rather than on the Hub. The body comes from `model_cards/<name>.md` (`${field}`
 placeholders). Report and card embed the loss curve (train and eval loss) and the pictures that
-`training.inspection` lists in `inspection/index.json`. Nothing written names an absolute local path.
+`training.inspection` lists in `inspection/index.json`. Nothing written names an absolute local path;
+every file is written atomically (`training.run_folder.atomic_write`).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import string
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from .run_folder import atomic_write
 
 MODEL_CARD_DIR = Path(__file__).resolve().parents[1] / "model_cards"
 LICENSE = "apache-2.0"
@@ -83,8 +87,10 @@ def plot_loss_curve(log_history: Sequence[Mapping[str, Any]], path: str, title: 
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
     plt.close(fig)
+    atomic_write(path, buffer.getvalue())
     return path
 
 
@@ -143,8 +149,7 @@ def write_report(
     os.makedirs(output_dir, exist_ok=True)
     paths = {"json": os.path.join(output_dir, "metrics.json"), "markdown": os.path.join(output_dir, "report.md")}
     payload = {"metrics": dict(metrics), "details": dict(details or {}), "loss_curve": loss_points(log_history)}
-    with open(paths["json"], "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=2)
+    atomic_write(paths["json"], json.dumps(payload, indent=2))
     png = plot_loss_curve(log_history, os.path.join(output_dir, "loss_curve.png"), title=title)
     if png:
         paths["png"] = png
@@ -152,8 +157,7 @@ def write_report(
     if details:
         lines += ["## Run", "", mapping_table(details), ""]
     lines.append(figures_markdown(output_dir))
-    with open(paths["markdown"], "w", encoding="utf-8") as f:
-        f.write("\n".join(lines))
+    atomic_write(paths["markdown"], "\n".join(lines))
     return paths
 
 

@@ -23,8 +23,9 @@ from .cli import cli_main
 from .config import ModelArguments, RunArguments, RunConfig, build_model_config, parse_config_file
 from .data import DataArguments, build_datasets, dataset_tags, validate_data_args
 from .distributed import configure_launch, gather_objects, local_parameter_count
+from .job import open_run, publish, train_and_save
 from .report import card_data, model_card_template, render_model_card, write_report
-from .trainer import build_model, build_trainer, prepare_output_dir
+from .trainer import build_model, build_trainer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,96 +66,110 @@ def inspect_checkpoint(output_dir: str) -> None:
 def run_training(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
     """Train, save (model + code + tokenizer), evaluate, write report and card; push when asked.
 
-    Returns `{"output_dir", "metrics", "train_metrics", "trainer", "model", "datasets"}`; `model` is the trained
-    model on the main process (under FSDP: the saved checkpoint reloaded whole).
+    Steps (`training.job`): open the run folder, build data and model, train and save, evaluate, report and
+    card, publish. Returns `{"output_dir", "metrics", "train_metrics", "trainer", "model", "datasets"}`;
+    `model` is the trained model on the main process (under FSDP: the saved checkpoint reloaded whole).
     """
-    import torch
-    from transformers import AutoModelForCausalLM, TrainingArguments, set_seed
+    from transformers import TrainingArguments, set_seed
 
-    from zpx_hf.evaluation import evaluate_model
     from zpx_hf.tokenization_bytes import build_byte_tokenizer
 
-    model_args, run_args = run[ModelArguments], run[RunArguments]
-    data, training_args = run[DataArguments], run[TrainingArguments]
-    resume = prepare_output_dir(training_args, run.fingerprint(), run_args.overwrite_output_dir, run.path)
-    started = time.time()
-    datasets = build_datasets(data)
-    tokenizer = build_byte_tokenizer(model_max_length=data.seq_len)
-    set_seed(training_args.seed)
-    model = build_model(run.model_config, model_args.attn_implementation)
-    trainer = build_trainer(model, tokenizer, training_args, datasets["train"], datasets["eval"], callbacks)
-    train_output = trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model()
-    train_metrics = dict(train_output.metrics)
-    per_rank = gather_objects(local_parameter_count(trainer.model))
-    output_dir = training_args.output_dir
-
-    metrics: dict[str, Any] = {}
-    model = trainer.model
-    if trainer.is_world_process_zero():
-        if trainer.cpu_fsdp:  # the sharded model runs only with every rank: evaluate the saved checkpoint
-            model = AutoModelForCausalLM.from_pretrained(output_dir)
-        if run_args.inspect:
-            inspect_checkpoint(output_dir)
-        eval_started = time.time()
-        metrics = evaluate_model(
-            model, datasets["heldout"], datasets["tasks"], training_args.per_device_eval_batch_size
-        )
-        num_params = sum(p.numel() for p in model.parameters())
-        details = {
-            "model_type": run.model_config.model_type,
-            "parameters": num_params,
-            "steps": trainer.state.global_step,
-            "world_size": training_args.world_size,
-            "parallelism": configure_launch(),
-            "effective_batch": training_args.per_device_train_batch_size
-            * training_args.world_size
-            * training_args.gradient_accumulation_steps,
-            "seq_len": data.seq_len,
-            "learning_rate": training_args.learning_rate,
-            "final_train_loss": round(train_metrics.get("train_loss", float("nan")), 4),
-            "train_runtime_s": round(train_metrics.get("train_runtime", 0.0), 1),
-            "eval_runtime_s": round(time.time() - eval_started, 1),
-            "torch_threads": torch.get_num_threads(),
-        }
-        if len(per_rank) > 1:
-            details["parameters_per_rank"] = per_rank
-        if trainer.saved_digest is not None:
-            details["saved_state_dict"] = trainer.saved_digest
-        name = training_args.hub_model_id or Path(output_dir).resolve().name
-        write_report(output_dir, metrics, trainer.state.log_history, title=name, details=details)
-        model_section = dict(run.mappings["model"])
-        model_section.setdefault("vocab_size", run.model_config.vocab_size)
-        model_type = run.model_config.model_type
-        tags = ["zpx-hf", model_type, "custom_code", "text-generation", "geometric-attention"]
-        datasets_used = dataset_tags(data)
-        context = {
-            "model_type": model_type,
-            "model_name": name,
-            "repo_id": training_args.hub_model_id or f"path/to/{name}",
-            "config_file": config_name(run.path),
-            "config": {**model_section, "parameters": f"{num_params:,}"},
-            "data_description": "\n".join(f"- {line}" for line in datasets["description"]),
-            "training": details,
-            "metrics": metrics,
-            "output_dir": output_dir,
-        }
-        corpus = datasets_used[0] if data.text_source != "none" else None
-        metadata = card_data(model_name=name, tags=tags, datasets=datasets_used, metrics=metrics, corpus=corpus)
-        trainer.card_text = render_model_card(model_card_template(model_type), context, metadata)
-        trainer.create_model_card()
-    trainer.accelerator.wait_for_everyone()
-    if training_args.push_to_hub:
-        trainer.push_to_hub(commit_message=f"{run.model_config.model_type}: trained with zpx-hf zpx-train")
-    train_metrics["total_runtime"] = time.time() - started
+    model_args, data, training_args = run[ModelArguments], run[DataArguments], run[TrainingArguments]
+    with open_run(run, "zpx-train", run.model_config.model_type) as folders:
+        datasets = build_datasets(data)
+        tokenizer = build_byte_tokenizer(model_max_length=data.seq_len)
+        set_seed(training_args.seed)
+        model = build_model(run.model_config, model_args.attn_implementation)
+        trainer = build_trainer(model, tokenizer, training_args, datasets["train"], datasets["eval"], callbacks)
+        train_metrics = train_and_save(trainer, folders)
+        per_rank = gather_objects(local_parameter_count(trainer.model))
+        metrics: dict[str, Any] = {}
+        model = trainer.model
+        if trainer.is_world_process_zero():
+            model, metrics = evaluate_trained(run, trainer, datasets, train_metrics, per_rank)
+        publish(trainer, folders, f"{run.model_config.model_type}: trained with zpx-hf zpx-train", train_metrics)
     return {
-        "output_dir": output_dir,
+        "output_dir": training_args.output_dir,
         "metrics": metrics,
         "train_metrics": train_metrics,
         "trainer": trainer,
         "model": model,
         "datasets": datasets,
     }
+
+
+def evaluate_trained(
+    run: RunConfig, trainer: Any, datasets: dict[str, Any], train_metrics: dict[str, Any], per_rank: list[int]
+) -> tuple[Any, dict[str, Any]]:
+    """Main process: inspect (when asked), evaluate the saved model, write report and card; `(model, metrics)`."""
+    import torch
+    from transformers import AutoModelForCausalLM, TrainingArguments
+
+    from zpx_hf.evaluation import evaluate_model
+
+    data, training_args = run[DataArguments], run[TrainingArguments]
+    output_dir = training_args.output_dir
+    model = trainer.model
+    if trainer.cpu_fsdp:  # the sharded model runs only with every rank: evaluate the saved checkpoint
+        model = AutoModelForCausalLM.from_pretrained(output_dir)
+    if run[RunArguments].inspect:
+        inspect_checkpoint(output_dir)
+    eval_started = time.time()
+    metrics = evaluate_model(model, datasets["heldout"], datasets["tasks"], training_args.per_device_eval_batch_size)
+    num_params = sum(p.numel() for p in model.parameters())
+    details = {
+        "model_type": run.model_config.model_type,
+        "parameters": num_params,
+        "steps": trainer.state.global_step,
+        "world_size": training_args.world_size,
+        "parallelism": configure_launch(),
+        "effective_batch": training_args.per_device_train_batch_size
+        * training_args.world_size
+        * training_args.gradient_accumulation_steps,
+        "seq_len": data.seq_len,
+        "learning_rate": training_args.learning_rate,
+        "final_train_loss": round(train_metrics.get("train_loss", float("nan")), 4),
+        "train_runtime_s": round(train_metrics.get("train_runtime", 0.0), 1),
+        "eval_runtime_s": round(time.time() - eval_started, 1),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if len(per_rank) > 1:
+        details["parameters_per_rank"] = per_rank
+    if trainer.saved_digest is not None:
+        details["saved_state_dict"] = trainer.saved_digest
+    name = training_args.hub_model_id or Path(output_dir).resolve().name
+    write_report(output_dir, metrics, trainer.state.log_history, title=name, details=details)
+    trainer.card_text = model_card(run, datasets, name, num_params, details, metrics)
+    trainer.create_model_card()
+    return model, metrics
+
+
+def model_card(
+    run: RunConfig, datasets: dict[str, Any], name: str, num_params: int, details: dict, metrics: dict
+) -> str:
+    """The family's model card of a trained run."""
+    from transformers import TrainingArguments
+
+    data, training_args = run[DataArguments], run[TrainingArguments]
+    model_section = dict(run.mappings["model"])
+    model_section.setdefault("vocab_size", run.model_config.vocab_size)
+    model_type = run.model_config.model_type
+    tags = ["zpx-hf", model_type, "custom_code", "text-generation", "geometric-attention"]
+    datasets_used = dataset_tags(data)
+    context = {
+        "model_type": model_type,
+        "model_name": name,
+        "repo_id": training_args.hub_model_id or f"path/to/{name}",
+        "config_file": config_name(run.path),
+        "config": {**model_section, "parameters": f"{num_params:,}"},
+        "data_description": "\n".join(f"- {line}" for line in datasets["description"]),
+        "training": details,
+        "metrics": metrics,
+        "output_dir": training_args.output_dir,
+    }
+    corpus = datasets_used[0] if data.text_source != "none" else None
+    metadata = card_data(model_name=name, tags=tags, datasets=datasets_used, metrics=metrics, corpus=corpus)
+    return render_model_card(model_card_template(model_type), context, metadata)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

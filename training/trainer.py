@@ -1,22 +1,21 @@
-"""The HF `Trainer` as the jobs use it: run-folder guard, resume choice, divergence stop, CPU FSDP.
+"""The HF `Trainer` as the jobs use it: divergence stop, atomic final saves, marked checkpoints, CPU FSDP.
 
-- `prepare_output_dir` writes a run marker (`zpx_run.json`, the config fingerprint) and refuses a folder
-  that holds another run's files unless the user asks to overwrite it or to resume the same run.
-- `resolve_resume` picks the newest *complete* checkpoint (one with `trainer_state.json`; a kill during a
-  save leaves one without) and says which one it resumes.
+The run folder itself (lock, marker, resume choice) is `training.run_folder`.
+
 - `FiniteCheck` stops training at the first non-finite gradient or logged loss, naming the step
   (`Trainer` would otherwise log such a loss as a filtered average: 0.0 on the first steps).
-- `GeometricTrainer` writes the family's model card and, for an FSDP launch on CPU, shards the model with
-  `fully_shard` and saves one full safetensors state dict (see `training/distributed.py`).
+- `GeometricTrainer` saves the final model into a staging folder and moves its files into place (a kill never
+  leaves half a `model.safetensors` in the run folder), writes the run marker into every checkpoint (so a
+  checkpoint copied elsewhere still names its run), writes the family's model card atomically and, for an FSDP
+  launch on CPU, shards the model with `fully_shard` and saves one full safetensors state dict
+  (see `training/distributed.py`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
-import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,7 @@ from transformers import Trainer, TrainerCallback
 
 from .config import ConfigError
 from .distributed import cpu_fsdp_requested, full_state_dict, shard_model, state_dict_digest
-
-RUN_MARKER = "zpx_run.json"
-TRAINER_STATE = "trainer_state.json"
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+from .run_folder import RUN_MARKER, STAGING, atomic_write, atomic_write_json, publish_folder
 
 
 class TrainingDivergedError(RuntimeError):
@@ -60,7 +56,7 @@ class FiniteCheck(TrainerCallback):
             where = f"the gradient of `{bad}`" if bad else "a gradient on another process"
             raise TrainingDivergedError(
                 f"training stopped at step {state.global_step + 1}: {where} is not finite (nan or inf); "
-                f"lower training.learning_rate or check the data; earlier checkpoints in {args.output_dir} are intact."
+                "lower training.learning_rate or check the data."  # `RunFolder` adds what the folder holds now
             )
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
@@ -92,6 +88,7 @@ class GeometricTrainer(Trainer):
 
     card_text: str | None = None
     saved_digest: dict[str, Any] | None = None
+    run_marker: dict[str, Any] | None = None  # written into every checkpoint (`training.run_folder.RunFolder.marker`)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.cpu_fsdp = cpu_fsdp_requested()
@@ -115,7 +112,14 @@ class GeometricTrainer(Trainer):
         if self.card_text is None:
             return super().create_model_card(*args, **kwargs)
         if self.is_world_process_zero():
-            Path(self.args.output_dir, "README.md").write_text(self.card_text, encoding="utf-8")
+            atomic_write(Path(self.args.output_dir, "README.md"), self.card_text)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        super()._save_checkpoint(model, trial)
+        if self.run_marker is not None and self.args.should_save:
+            folder = Path(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            if folder.is_dir():
+                atomic_write_json(folder / RUN_MARKER, {**self.run_marker, "finished": False})
 
     def _wrap_model(self, model: Any, training: bool = True, dataloader: Any = None) -> Any:
         if not self.cpu_fsdp:
@@ -125,11 +129,24 @@ class GeometricTrainer(Trainer):
         return self._sharded
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Checkpoints as `Trainer` saves them; the final model (into output_dir) through a staging folder whose
+        files then replace the old ones one `os.replace` each."""
+        target = output_dir or self.args.output_dir
+        if os.path.abspath(target) == os.path.abspath(self.args.output_dir):
+            staging = Path(self.args.output_dir, STAGING)
+            self._save_model_to(str(staging))
+            if self.args.should_save:
+                publish_folder(staging, Path(target))
+        else:
+            self._save_model_to(target)
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+    def _save_model_to(self, output_dir: str) -> None:
         if not self.cpu_fsdp:
-            return super().save_model(output_dir, _internal_call)
+            return super().save_model(output_dir, _internal_call=True)
         state = full_state_dict(self.model)  # a collective: every rank gathers, rank 0 keeps the tensors
         if self.args.should_save:
-            output_dir = output_dir or self.args.output_dir
             gathered = dict(state)  # save_pretrained consumes the dict it is given
             self._save(output_dir, state_dict=state)
             from safetensors import safe_open
@@ -142,8 +159,6 @@ class GeometricTrainer(Trainer):
                 "only_in_file": sorted(saved - common),
                 "only_in_gather": sorted(set(gathered) - common),
             }
-        if self.args.push_to_hub and not _internal_call:
-            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
 
 def build_model(model_config: Any, attn_implementation: str | None = None) -> Any:
@@ -174,6 +189,14 @@ def build_trainer(
                 "FSDP on CPU saves model-only checkpoints: set `training.save_only_model: true` or "
                 "`training.save_strategy: no`."
             )
+    if training_args.save_only_model and training_args.save_strategy != "no" and not cpu_fsdp_requested():
+        if training_args.process_index == 0:
+            print(
+                "warning: `training.save_only_model: true` saves model-only checkpoints; they hold no optimizer or "
+                "schedule state, so this run cannot be resumed from them.",
+                file=sys.stderr,
+                flush=True,
+            )
     return GeometricTrainer(
         model=model,
         args=training_args,
@@ -185,92 +208,6 @@ def build_trainer(
     )
 
 
-def _checkpoints(output_dir: str) -> list[Path]:
-    folder = Path(output_dir)
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))]
-    return [p for _, p in sorted(found)]
-
-
-def prepare_output_dir(training_args: Any, fingerprint: str, overwrite: bool, config_path: str) -> str | None:
-    """Check the output folder, choose the checkpoint to resume (or None), then write the run marker.
-
-    A folder holding another run is refused unless `overwrite` (which deletes its checkpoints and pictures,
-    so a later `resume last` cannot pick an old run's weights) or a resume of the same run: the marker's `fingerprint`
-    (`RunConfig.fingerprint`) must match this config's. A folder holding only a marker counts as empty."""
-    folder = Path(training_args.output_dir)
-    marker = folder / RUN_MARKER
-    with training_args.main_process_first(desc="output_dir check", local=False):
-        entries = [p for p in folder.iterdir() if not p.name.startswith(".")] if folder.is_dir() else []
-        recorded = json.loads(marker.read_text(encoding="utf-8")).get("fingerprint") if marker.is_file() else None
-        resume_asked = (training_args.resume_from_checkpoint or "").lower() not in ("", "false", "none")
-        if entries and [p.name for p in entries] != [RUN_MARKER] and not overwrite:
-            if resume_asked and recorded != fingerprint:
-                what = "no run marker" if recorded is None else f"a run of another config ({recorded})"
-                raise ConfigError(
-                    f"key `training.output_dir`: {folder} holds {what}, not this config ({fingerprint}); resume "
-                    "only into the folder of the same run, or pass --overwrite_output_dir true to start over."
-                )
-            if not resume_asked:
-                raise ConfigError(
-                    f"key `training.output_dir`: {folder} is not empty (an earlier run); pass "
-                    "--resume_from_checkpoint last to continue it, --overwrite_output_dir true to replace it, "
-                    "or choose another output_dir."
-                )
-        if overwrite and resume_asked:
-            raise ConfigError(
-                "keys `overwrite_output_dir` and `training.resume_from_checkpoint` contradict each other; drop one."
-            )
-        resume = resolve_resume(training_args)
-        if training_args.process_index == 0:
-            if overwrite:  # the old run's checkpoints and pictures must not pass for this run's
-                for stale in [*_checkpoints(str(folder)), folder / "inspection"]:
-                    if stale.is_dir():
-                        shutil.rmtree(stale)
-            folder.mkdir(parents=True, exist_ok=True)
-            config_name = Path(config_path).name
-            marker.write_text(json.dumps({"fingerprint": fingerprint, "config": config_name}) + "\n", encoding="utf-8")
-    return resume
-
-
-def resolve_resume(training_args: Any) -> str | None:
-    """`resume_from_checkpoint`: a checkpoint folder, or `last`/`true` for the newest complete one in output_dir.
-
-    A checkpoint without `trainer_state.json` (a save that was killed) is skipped, and the choice is printed."""
-    value = training_args.resume_from_checkpoint
-    if value is None or value.lower() in ("false", "none", ""):
-        return None
-    if value.lower() in ("last", "true"):
-        found = _checkpoints(training_args.output_dir)
-        complete = [p for p in found if (p / TRAINER_STATE).is_file()]
-        if not complete:
-            incomplete = f" ({', '.join(p.name for p in found)} incomplete: no {TRAINER_STATE})" if found else ""
-            raise ConfigError(
-                f"key `training.resume_from_checkpoint` = {value!r}: no complete checkpoint in "
-                f"{training_args.output_dir}{incomplete}; train without it first or name a checkpoint folder."
-            )
-        chosen = complete[-1]
-        skipped = [p.name for p in found[found.index(chosen) + 1 :]]
-        if training_args.process_index == 0:
-            note = f" (skipped incomplete {', '.join(skipped)}: no {TRAINER_STATE})" if skipped else ""
-            print(f"resuming from {chosen}{note}", flush=True)
-    else:
-        chosen = Path(value)
-        if not (chosen / TRAINER_STATE).is_file():
-            raise ConfigError(
-                f"key `training.resume_from_checkpoint`: {value!r} is not a complete checkpoint folder "
-                f"(no {TRAINER_STATE})."
-            )
-    step = json.loads((chosen / TRAINER_STATE).read_text(encoding="utf-8")).get("global_step", 0)
-    if 0 < training_args.max_steps <= step:
-        raise ConfigError(
-            f"key `training.max_steps` = {training_args.max_steps}: {chosen.name} already reached step {step}, "
-            "so resuming would train nothing; raise --max_steps."
-        )
-    return str(chosen)
-
-
 __all__ = [
     "FiniteCheck",
     "GeometricTrainer",
@@ -278,6 +215,4 @@ __all__ = [
     "TrainingDivergedError",
     "build_model",
     "build_trainer",
-    "prepare_output_dir",
-    "resolve_resume",
 ]

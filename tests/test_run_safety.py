@@ -1,0 +1,263 @@
+"""Run folders under concurrent jobs, kills, partial writes and wrong inputs (issue 25): nothing lost, nothing silent.
+
+- one lock per folder: a second job on a folder in use stops in one line (exit 2), and the lock is held for the
+  whole job;
+- one identity check: an explicit checkpoint of another run or family, `merged_output_dir` pointed at the base
+  model or at another run, are refused naming both;
+- resume takes the newest *complete* checkpoint (truncated trainer state or weights are skipped, named), refuses
+  model-only checkpoints, and finishes a run killed after its last step;
+- a failed overwrite gives the folder back to the run it held; reports are written atomically;
+- LoRA targets that match no module are refused, not dropped.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers_training import SMALL, StopAt, single_thread  # noqa: F401 - single_thread: autouse fixture
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+from training.config import ConfigError
+from training.finetune_lora import load_finetune_config, run_finetune
+from training.report import write_report
+from training.run_folder import LOCK_FILE, RUN_MARKER, FolderLock, checkpoint_problem
+from training.train import load_run_config, main, run_training
+from training.trainer import TrainingDivergedError
+
+ROOT = Path(__file__).resolve().parents[1]
+MICRO = str(ROOT / "configs" / "test-micro.yaml")
+LORA = str(ROOT / "configs" / "zpx-tiny-lora.yaml")
+QUICK = ["--tasks", "mqar", "--eval_strategy", "no", "--logging_steps", "1"]
+
+
+def _train(output_dir, *flags, callbacks=()):
+    return run_training(load_run_config(MICRO, [*QUICK, "--output_dir", str(output_dir), *flags]), callbacks=callbacks)
+
+
+class KillAtTrainEnd(TrainerCallback):
+    """Stands in for a kill after the last checkpoint, before the final save."""
+
+    def on_train_end(self, args, state, control, **kwargs):
+        raise KeyboardInterrupt
+
+
+class Poison(TrainerCallback):
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        with torch.no_grad():
+            model.get_output_embeddings().weight[0, 0] = float("nan")
+
+
+class TryLock(TrainerCallback):
+    """Tries to take the output folder's lock mid-training, as a second job would."""
+
+    def __init__(self):
+        self.error = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        try:
+            FolderLock(args.output_dir).acquire().release()
+        except ConfigError as error:
+            self.error = str(error)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished micro run: checkpoints 2 and 4, final model, marker."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    _train(out, "--max_steps", "4", "--save_steps", "2")
+    return out
+
+
+def test_second_job_on_a_folder_in_use_stops_in_one_line(tmp_path, capsys):
+    out = tmp_path / "busy"
+    out.mkdir()
+    # another process holds the folder's lock, as a running job does (plain fcntl: no torch import to wait for)
+    script = (
+        "import fcntl, os, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+        "f.write(str(os.getpid())); f.flush(); print('locked', flush=True); time.sleep(120)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", script, str(out / LOCK_FILE)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert main([MICRO, *QUICK, "--output_dir", str(out), "--max_steps", "2"]) == 2
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("config error")]
+    assert len(lines) == 1 and f"{out} is in use by another job (pid {holder.pid})" in lines[0], err
+    assert not (out / "model.safetensors").exists() and not (out / RUN_MARKER).exists()
+    # the holder is gone (killed): its lock went with it, and the folder trains
+    probe = TryLock()
+    result = _train(out, "--max_steps", "2", "--save_strategy", "no", callbacks=[probe])
+    assert result["trainer"].state.global_step == 2
+    assert probe.error is not None and "is in use by another job" in probe.error  # held while training
+
+
+def test_failed_overwrite_gives_the_folder_back_to_the_run_it_held(tmp_path, finished_run):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != LOCK_FILE}
+    with pytest.raises(TrainingDivergedError, match="the overwrite is undone: .* holds the run it held before"):
+        _train(out, "--max_steps", "4", "--save_steps", "1", "--mqar_num_pairs", "3", "--overwrite_output_dir",
+               "true", callbacks=[Poison()])  # fmt: skip
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != LOCK_FILE}
+    assert after == before  # old model, card, metrics and marker, no checkpoint of the failed run
+
+
+def test_resume_skips_truncated_checkpoints_and_names_them(tmp_path, capsys):
+    out = tmp_path / "run"
+    _train(out, "--max_steps", "6", "--save_steps", "2", callbacks=[StopAt(4)])
+    state = out / "checkpoint-4" / "trainer_state.json"
+    text = state.read_text()
+    state.write_text(text[: len(text) // 2])  # a kill while writing the state
+    assert checkpoint_problem(out / "checkpoint-4") == "truncated trainer_state.json"
+    capsys.readouterr()
+    resumed = _train(out, "--max_steps", "6", "--save_steps", "2", "--resume_from_checkpoint", "last")
+    printed = capsys.readouterr()
+    assert f"resuming from {out / 'checkpoint-2'}" in printed.out
+    assert "skipped incomplete checkpoints: checkpoint-4 (truncated trainer_state.json)" in printed.err
+    assert resumed["trainer"].state.global_step == 6
+
+    # weights cut short under an intact state: refused when named explicitly, skipped by `resume last`
+    weights = out / "checkpoint-6" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    assert checkpoint_problem(out / "checkpoint-6") == "truncated model.safetensors"
+    with pytest.raises(ConfigError, match=r"checkpoint-6' is not a complete checkpoint \(truncated model.safetensors"):
+        _train(out, "--max_steps", "8", "--resume_from_checkpoint", str(out / "checkpoint-6"))
+    capsys.readouterr()
+    resumed = _train(out, "--max_steps", "8", "--save_steps", "2", "--resume_from_checkpoint", "last")
+    printed = capsys.readouterr()
+    assert f"resuming from {out / 'checkpoint-4'}" in printed.out  # re-saved whole by the resumed run
+    assert "skipped incomplete checkpoints: checkpoint-6 (truncated model.safetensors)" in printed.err
+    assert resumed["trainer"].state.global_step == 8
+    optimizer = out / "checkpoint-2" / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:1000])
+    assert checkpoint_problem(out / "checkpoint-2") == "truncated optimizer.pt"
+
+
+def test_resume_from_model_only_checkpoints_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    _train(out, "--max_steps", "6", "--save_steps", "2", "--save_only_model", "true", callbacks=[StopAt(2)])
+    assert "warning: `training.save_only_model: true` saves model-only checkpoints" in capsys.readouterr().err
+    assert not list((out / "checkpoint-2").glob("optimizer*"))
+    with pytest.raises(ConfigError, match="checkpoint-2 is model-only .* would restart both silently"):
+        _train(out, "--max_steps", "6", "--save_steps", "2", "--resume_from_checkpoint", "last")
+
+
+def test_explicit_checkpoint_of_another_run_or_family_is_refused_naming_both(tmp_path, finished_run):
+    other = finished_run / "checkpoint-2"
+    flags = ["--max_steps", "4", "--mqar_num_pairs", "3", "--resume_from_checkpoint", str(other)]
+    with pytest.raises(ConfigError, match=r"belongs to another zpx-train run \(zpx, .*\), not this zpx-train run"):
+        _train(tmp_path / "fresh", *flags)  # same shapes, other data, into a fresh folder
+    loose = tmp_path / "copied" / "checkpoint-2"  # copied out of its run folder: it still carries its marker
+    shutil.copytree(other, loose)
+    with pytest.raises(ConfigError, match="belongs to another zpx-train run"):
+        _train(tmp_path / "fresh", *flags[:-1], str(loose))
+
+    pct = tmp_path / "pct"
+    pct_flags = [*QUICK, "--output_dir", str(pct), "--max_steps", "2", "--save_steps", "2", "--max_train_blocks", "8"]
+    run_training(load_run_config(str(ROOT / "configs" / "pct-tiny.yaml"), pct_flags))
+    with pytest.raises(
+        ConfigError, match=r"another zpx-train run \(pct, config pct-tiny.yaml.*this zpx-train run \(zpx"
+    ):
+        _train(tmp_path / "fresh", "--max_steps", "4", "--resume_from_checkpoint", str(pct / "checkpoint-2"))
+    assert not (tmp_path / "fresh" / "model.safetensors").exists()
+
+
+def test_run_killed_after_its_last_step_is_finished_by_resume(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        _train(out, "--max_steps", "4", "--save_steps", "2", callbacks=[KillAtTrainEnd()])
+    assert not (out / "model.safetensors").exists() and not json.loads((out / RUN_MARKER).read_text())["finished"]
+    result = _train(out, "--max_steps", "4", "--save_steps", "2", "--resume_from_checkpoint", "last")
+    assert result["trainer"].state.global_step == 4  # no extra step
+    final, last = load_file(out / "model.safetensors"), load_file(out / "checkpoint-4" / "model.safetensors")
+    assert final.keys() == last.keys() and all(torch.equal(final[k], last[k]) for k in final)
+    assert (out / "metrics.json").exists() and json.loads((out / RUN_MARKER).read_text())["finished"]
+    with pytest.raises(ConfigError, match="checkpoint-4 already reached step 4 and the run has finished"):
+        _train(out, "--max_steps", "4", "--save_steps", "2", "--resume_from_checkpoint", "last")
+
+
+def test_reports_are_written_atomically(tmp_path):
+    write_report(str(tmp_path), {"heldout": {"perplexity": 2.0, "bits_per_byte": 1.0, "tokens": 3}})
+    good = (tmp_path / "metrics.json").read_text()
+    with pytest.raises(TypeError):
+        write_report(str(tmp_path), {"heldout": {"perplexity": 2.0, "bits_per_byte": 1.0, "tokens": object()}})
+    assert (tmp_path / "metrics.json").read_text() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "report.md"]  # no temporary left
+
+
+def _lora(tmp_path, base, merged, *flags):
+    out = ["--output_dir", str(tmp_path / "adapter"), "--base_model", str(base)]
+    run = load_finetune_config(LORA, [*SMALL, *out, *flags, *(["--merged_output_dir", str(merged)] if merged else [])])
+    return run
+
+
+def test_merged_output_dir_never_replaces_the_base_or_another_run(tmp_path, finished_run):
+    untouched = {p: p.read_bytes() for p in finished_run.rglob("*") if p.is_file() and p.name != LOCK_FILE}
+    with pytest.raises(ConfigError, match=r"key `merged_output_dir`: .* is the base model this job reads"):
+        run_finetune(_lora(tmp_path, finished_run, finished_run))
+    with pytest.raises(ConfigError, match=r"key `merged_output_dir`: .* is the base model this job reads"):
+        run_finetune(_lora(tmp_path, finished_run, finished_run, "--overwrite_output_dir", "true"))
+    other = tmp_path / "other-run"
+    _train(other, "--max_steps", "1", "--save_strategy", "no")
+    other_model = (other / "model.safetensors").read_bytes()
+    with pytest.raises(ConfigError, match=r"key `merged_output_dir`: .*other-run is not empty"):
+        run_finetune(_lora(tmp_path, finished_run, other))
+    with pytest.raises(
+        ConfigError, match=r"other-run holds another zpx-train run .* replaces only zpx-finetune-lora's"
+    ):
+        run_finetune(_lora(tmp_path, finished_run, other, "--overwrite_output_dir", "true"))
+    assert (other / "model.safetensors").read_bytes() == other_model
+    assert {p: p.read_bytes() for p in untouched} == untouched
+    with pytest.raises(ConfigError, match="`lora.target_modules`: not_a_module match no module of the base model"):
+        run_finetune(_lora(tmp_path, finished_run, None, "--target_modules", "q_proj", "not_a_module"))
+    assert not (tmp_path / "adapter" / "adapter_config.json").exists()
+
+    # a merged folder of its own: written, marked as this run's, and its base untouched
+    result = run_finetune(_lora(tmp_path, finished_run, tmp_path / "merged", "--overwrite_output_dir", "true"))
+    merged_marker = json.loads((tmp_path / "merged" / RUN_MARKER).read_text())
+    assert merged_marker["job"] == "zpx-finetune-lora" and merged_marker["finished"]
+    assert merged_marker["fingerprint"] == json.loads((tmp_path / "adapter" / RUN_MARKER).read_text())["fingerprint"]
+    assert (tmp_path / "merged" / "model.safetensors").exists() and (tmp_path / "merged" / "README.md").exists()
+    assert result["metrics"]["merge_max_abs_logit_difference_float64"] < 1e-10
+    assert {p: p.read_bytes() for p in untouched} == untouched
+
+
+def test_lora_run_killed_after_its_last_step_is_finished_by_resume(tmp_path, finished_run):
+    flags = ["--save_strategy", "steps", "--save_steps", "2"]
+    with pytest.raises(KeyboardInterrupt):
+        run_finetune(_lora(tmp_path, finished_run, tmp_path / "merged", *flags), callbacks=[KillAtTrainEnd()])
+    adapter = tmp_path / "adapter"
+    assert not (adapter / "adapter_model.safetensors").exists() and not (tmp_path / "merged" / "config.json").exists()
+    result = run_finetune(
+        _lora(tmp_path, finished_run, tmp_path / "merged", *flags, "--resume_from_checkpoint", "last")
+    )
+    assert result["trainer"].state.global_step == 2
+    final, last = (
+        load_file(adapter / "adapter_model.safetensors"),
+        load_file(adapter / "checkpoint-2" / "adapter_model.safetensors"),
+    )
+    assert final.keys() == last.keys() and all(torch.equal(final[k], last[k]) for k in final)
+    assert (tmp_path / "merged" / "model.safetensors").exists()
+    assert json.loads((adapter / RUN_MARKER).read_text())["finished"]
+    assert json.loads((tmp_path / "merged" / RUN_MARKER).read_text())["finished"]
+
+
+def test_unwritable_output_dir_and_a_refused_resume_fail_in_one_line_and_leave_nothing(tmp_path, capsys):
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("not a folder")
+    assert main([MICRO, *QUICK, "--output_dir", str(in_the_way), "--max_steps", "1"]) == 2
+    fresh = tmp_path / "fresh"
+    assert (
+        main([MICRO, *QUICK, "--output_dir", str(fresh), "--max_steps", "1", "--resume_from_checkpoint", "last"]) == 2
+    )
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("config error")]
+    assert len(err) == 2 and f"cannot write to {in_the_way}" in err[0] and "no complete checkpoint" in err[1], err
+    assert in_the_way.read_text() == "not a folder" and not fresh.exists()  # the lock's folder went with it
