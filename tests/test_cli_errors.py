@@ -316,7 +316,7 @@ def test_lora_base_with_truncated_weights_is_one_line(tmp_path, capsys, lora_bas
 
 def test_lora_targets_missing_from_the_model_are_one_line(tmp_path, capsys, lora_base):
     assert finetune_main([*_lora_flags(tmp_path, lora_base), "--target_modules", "no_such_proj"]) == 2
-    _one_line(capsys, "key `lora.target_modules` = ['no_such_proj']", "not found in the base model")
+    _one_line(capsys, "key `lora.target_modules`: no_such_proj match no module of the base model", "q_proj")
 
 
 def test_a_yaml_error_inside_a_job_config_names_the_line(tmp_path, capsys):

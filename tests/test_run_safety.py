@@ -89,7 +89,7 @@ def test_second_job_on_a_folder_in_use_stops_in_one_line(tmp_path, capsys):
         holder.kill()
         holder.wait()
     err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("config error")]
+    lines = [line for line in err.splitlines() if line.startswith("zpx-train: config error")]
     assert len(lines) == 1 and f"{out} is in use by another job (pid {holder.pid})" in lines[0], err
     assert not (out / "model.safetensors").exists() and not (out / RUN_MARKER).exists()
     # the holder is gone (killed): its lock went with it, and the folder trains
@@ -258,6 +258,7 @@ def test_unwritable_output_dir_and_a_refused_resume_fail_in_one_line_and_leave_n
     assert (
         main([MICRO, *QUICK, "--output_dir", str(fresh), "--max_steps", "1", "--resume_from_checkpoint", "last"]) == 2
     )
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("config error")]
-    assert len(err) == 2 and f"cannot write to {in_the_way}" in err[0] and "no complete checkpoint" in err[1], err
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("zpx-train: config error")]
+    assert len(err) == 2 and f"{in_the_way}' is a file, not a folder" in err[0], err
+    assert "no complete checkpoint" in err[1], err
     assert in_the_way.read_text() == "not a folder" and not fresh.exists()  # the lock's folder went with it

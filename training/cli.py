@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError
-from .trainer import TRAINER_STATE, TrainingDivergedError
+from .run_folder import checkpoint_problem, checkpoints
+from .trainer import TrainingDivergedError
 
 EXIT_DIVERGED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 HELP_FLAGS = ("-h", "--help")
@@ -58,10 +59,9 @@ def expected_error(error: BaseException) -> tuple[str, str] | None:
 
 
 def last_complete_checkpoint(output_dir: str) -> Path | None:
-    """The newest `checkpoint-N` in `output_dir` that holds its trainer state (a save that was cut has none)."""
-    found = [p for p in Path(output_dir).glob("checkpoint-*") if p.name[len("checkpoint-") :].isdigit()]
-    complete = [p for p in found if (p / TRAINER_STATE).is_file()]
-    return max(complete, key=lambda p: int(p.name[len("checkpoint-") :]), default=None)
+    """The newest `checkpoint-N` in `output_dir` that `resume last` would take (complete files only)."""
+    complete = [p for p in checkpoints(output_dir) if checkpoint_problem(p) is None]
+    return complete[-1] if complete else None
 
 
 def interrupted_message(prog: str, run: Any) -> str:

@@ -464,7 +464,8 @@ class RunFolder:
                 note = (
                     f"the overwrite is undone: {self.folder} holds the run it held before (this run's files are gone)"
                 )
-            elif error is not None and not isinstance(error, ConfigError) and self.main_process:
+            # Ctrl-C: the CLI boundary's one line already names the last complete checkpoint
+            elif error is not None and not isinstance(error, (ConfigError, KeyboardInterrupt)) and self.main_process:
                 saved = checkpoints(self.folder)
                 note = f"the checkpoints saved before it in {self.folder} are intact" if saved else None
             if note and error.args and isinstance(error.args[0], str):
