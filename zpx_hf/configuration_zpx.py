@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .configuration_common import GeometricConfig, Rule
+from .configuration_common import LOGIT_SCALE_LIMIT, GeometricConfig, Rule
+
+_WHY = "Past the float16 maximum the score's weight is inf in a half-precision model (NaN attention)."
 
 
 class ZPXConfig(GeometricConfig):
@@ -51,8 +53,9 @@ class ZPXConfig(GeometricConfig):
     field_rules = {
         **GeometricConfig.field_rules,
         "phase_channels": Rule("int", minimum=1),
-        "lambda_angle": Rule("float"),
-        "lambda_sphere": Rule("float"),
+        # held in the fast form's query features (lambda / C) cos phi, (lambda / C) s: see LOGIT_SCALE_LIMIT
+        "lambda_angle": Rule("float", minimum=-LOGIT_SCALE_LIMIT, maximum=LOGIT_SCALE_LIMIT, why=_WHY),
+        "lambda_sphere": Rule("float", minimum=-LOGIT_SCALE_LIMIT, maximum=LOGIT_SCALE_LIMIT, why=_WHY),
         "max_log_radius": Rule("float", positive=True),
         "center_loss_weight": Rule("float", minimum=0.0),
         "attention_bias": Rule("bool"),
