@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .configuration_common import LOGIT_SCALE_LIMIT, GeometricConfig, Rule
+from .configuration_common import LOGIT_SCALE_LIMIT, GeometricConfig, Rule, _fail
 
 _WHY = "Past the float16 maximum the score's weight is inf in a half-precision model (NaN attention)."
 
@@ -49,6 +49,17 @@ class ZPXConfig(GeometricConfig):
         self.phase_bias = phase_bias
         self.mlp_bias = mlp_bias
         super().__init__(**kwargs)
+
+    def _validate_family(self) -> None:
+        # S_ij's geometric part lies in [-(|la| + |ls|), |la| + |ls|] (both kernels are in [-1, 1]): the sum must
+        # stay within float16 too (measured: both at +65504 give NaN in float16 eager attention).
+        if abs(self.lambda_angle) + abs(self.lambda_sphere) > LOGIT_SCALE_LIMIT:
+            _fail(
+                "lambda_angle",
+                self.lambda_angle,
+                f"|lambda_angle| + |lambda_sphere| (lambda_sphere={self.lambda_sphere!r}) must be <= "
+                f"{LOGIT_SCALE_LIMIT:g}, the float16 maximum: the score's angle and sphere terms add up to it.",
+            )
 
     field_rules = {
         **GeometricConfig.field_rules,
