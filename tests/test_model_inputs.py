@@ -5,7 +5,7 @@ be at least as clear)."""
 import pytest
 import torch
 from conftest import TINY_VOCAB, make_tiny_config
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig, LlamaForCausalLM
 
 FAMILY_CASES = ["zpx", "pct", "versor-hybrid"]
 IDS = torch.randint(3, TINY_VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
@@ -131,3 +131,14 @@ def test_inputs_embeds_dtype_follows_the_model(case):
         torch.testing.assert_close(model(inputs_embeds=embeds).logits, expected, rtol=0, atol=0)
         with pytest.raises(ValueError, match="`inputs_embeds` are torch.float32"):
             model(inputs_embeds=embeds.float())
+
+
+@pytest.mark.parametrize("case", FAMILY_CASES)
+def test_sequence_classification_labels_one_per_sequence(case):
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(make_tiny_config(case, num_labels=3)).eval()
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=IDS, labels=torch.tensor([0, 2])).loss)
+        for labels in (torch.tensor([0, 2, 1, 0]), torch.tensor(1), torch.zeros(2, 8, dtype=torch.long)):
+            with pytest.raises(ValueError, match=r"`labels` must be \[batch=2\]"):
+                model(input_ids=IDS, labels=labels)

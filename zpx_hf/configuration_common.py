@@ -121,13 +121,14 @@ class GeometricConfig(PretrainedConfig):
         rotary: `"srpe"` (spiral rotary, SPEC §1), `"rope"` (plain RoPE) or `"none"`.
         rope_theta: base `theta0` of the rotary frequencies `omega_j = theta0 ** (-2j / d_h)`.
         srpe_k: spiral divisor `k_s`; the winding angle is `p * omega_j * (1 + 1/k_s)`. `None` means
-            `1/k_s = 0` (no second winding).
+            `1/k_s = 0` (no second winding). Must be > 2^-24 (k_s <= 0 cancels or reverses the rotation).
         srpe_a: radial amplitude `a_s` of `r_j(p) = 1 + a_s * sin(p * f_s * omega_j)`.
         srpe_f: radial frequency `f_s`.
         causal: causal (decoder) attention; `False` gives a bidirectional encoder (not valid for
             `*ForCausalLM`).
         rms_norm_eps: epsilon of the RMS norms.
         initializer_range: std of the normal weight initialisation.
+        pad_token_id, bos_token_id, eos_token_id: ids in `[0, vocab_size)` or `None`.
     """
 
     def __init__(

@@ -22,7 +22,7 @@ class PCTConfig(GeometricConfig):
 
     Args:
         tau: temperature of `s_ij = tau * Re<qn_i, kn_j>`: `"sqrt_d"` (default), `"inv_sqrt_d"`,
-            `"learnable"` (one per head, initialised at sqrt(d)) or a fixed positive number.
+            `"learnable"` (one per head, initialised at sqrt(d)) or a fixed number in (0, 65504].
         gate_bias_init: initial value of the per-head gate bias `b_h` in `sigmoid(s_ij + b_h)`; `None`
             means `-log(max_position_embeddings)` (sigmoid attention recipe, arXiv 2409.04431).
         qk_norm_eps: epsilon of the complex L2 normalisation of queries and keys.

@@ -38,13 +38,16 @@ class VersorConfig(GeometricConfig):
         mixer: sequence mixer of every layer: `"gpa"` (geometric product attention), `"rra"` (recursive
             rotor accumulator, O(1) state per token) or `"hybrid"` (RRA in even layers, GPA in odd ones:
             GPA has no positional encoding and gets order from the RRA below it).
-        gpa_gamma_init: initial `gamma_h`, weight of the bivector norm in the GPA score.
+        gpa_gamma_init: initial `gamma_h`, weight of the bivector norm in the GPA score; |value| <= 65504.
         gpa_bivector: `False` keeps only the scalar part `<Q~K>_0` (runs through SDPA).
         gpa_eps: epsilon inside the bivector norm `sqrt(sum <P>_2^2 + eps)`.
         rra_accumulate: `"compact"` accumulates the 6 rotation bivectors (unitary state, stable for any
             length) and applies the 4 boost bivectors per token; `"full"` accumulates all 10 as in the paper
             (the state grows with accumulated boosts; fine for short contexts).
-        rra_bivector_scale: per-token bivector coefficients are `scale * tanh(W x)`.
+        rra_bivector_scale: per-token bivector coefficients are `scale * tanh(W x)`; at most 20 (a per-token
+            boost multiplies values by up to e^(2 scale)). With `"full"`, also
+            `scale * min(1, initializer_range * sqrt(6 hidden_size / 32)) * sqrt(max_position_embeddings) <= 2.5`,
+            so the accumulated boosts stay in float32 over the context at initialisation (`RRA_FULL_GROWTH_LIMIT`).
 
     `rotary` must be `"none"`: Versor has no positional encoding (order comes from the RRA and the causal
     mask).

@@ -15,7 +15,8 @@ class ZPXConfig(GeometricConfig):
     Args:
         phase_channels: phase channels `C` per head of the phase encoder.
         lambda_angle: weight of `mean_c cos(phi_i - phi_j)` in the attention score.
-        lambda_sphere: weight of `mean_c <s_i, s_j>` (Riemann-sphere kernel).
+        lambda_sphere: weight of `mean_c <s_i, s_j>` (Riemann-sphere kernel). `|lambda_angle| + |lambda_sphere|`
+            must stay <= 65504 (float16's maximum: past it the score is inf in a half-precision model).
         max_log_radius: `R` in `log_r = R tanh(W_r h / R)`.
         center_loss_weight: weight of the centre-cancellation loss added to the LM loss.
         attention_bias: biases on q/k/v/o projections.

@@ -313,6 +313,16 @@ def check_labels(
         raise ValueError(f"`labels` must be integer token ids (-100 = ignored); got {labels.dtype}.")
 
 
+def check_classification_labels(labels: torch.Tensor, batch: int, num_labels: int) -> None:
+    """Raise, naming `labels`, unless they hold one target per sequence: `[batch]` (class ids, or values when
+    `num_labels == 1`) or `[batch, num_labels]` (multi-label / multi-output regression)."""
+    if labels.dim() == 0 or labels.shape[0] != batch or labels.numel() not in (batch, batch * num_labels):
+        raise ValueError(
+            f"`labels` must be [batch={batch}] (one class id or value per sequence) or [batch, num_labels="
+            f"{num_labels}] (multi-label); got {tuple(labels.shape)}."
+        )
+
+
 class ForCausalLMHead:
     """Causal-LM head shared by every family (HF's `Generic*` pattern); a family declares
     `class XForCausalLM(ForCausalLMHead, XPreTrainedModel, GenerationMixin)` and sets `backbone_class`.
@@ -477,6 +487,7 @@ class ForSequenceClassificationHead:
         logits = self.score(pooled)
         loss = None
         if labels is not None:
+            check_classification_labels(labels, logits.shape[0], self.num_labels)
             # float32 logits, as the causal-LM loss does, so bf16 autocast does not change the loss.
             loss = ForSequenceClassificationLoss(labels, logits.float(), self.config)
             auxiliary = self.auxiliary_loss(outputs)
@@ -496,6 +507,7 @@ __all__ = [
     "GeometricPreTrainedModel",
     "GeometricDecoderLayer",
     "GeometricModel",
+    "check_classification_labels",
     "check_labels",
     "ForCausalLMHead",
     "ForSequenceClassificationHead",
