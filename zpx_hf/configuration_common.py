@@ -211,8 +211,8 @@ class GeometricConfig(PretrainedConfig):
         "rope_theta": Rule("float", positive=True),
         # Theta_j(p) = p omega_j w with winding w = 1 + 1/k_s: k_s = -1 gives w = 0 (every position the same
         # rotation: positions ignored) and k_s < 0 shrinks or mirrors every frequency, so k_s > 0 (w > 1).
-        # The fastest pair (omega_0 = 1) turns w rad per token; the float32 tables have no fractional bits
-        # left at 2^24 rad, so w < 2^24, i.e. k_s > 2^-24 (~6e-8).
+        # The fastest pair (omega_0 = 1) turns w rad per token, in float32 tables whose ulp is 2 rad at 2^24
+        # rad (a third of a turn: rounding noise from position 1), so w < 2^24, i.e. k_s > 2^-24 (~6e-8).
         "srpe_k": Rule(
             "float",
             optional=True,
