@@ -17,6 +17,12 @@ from transformers import PretrainedConfig
 ROTARY_TYPES = ("srpe", "rope", "none")
 # Rotary tables and masks are sized by the context length; beyond this a config is a typo, not a model.
 MAX_POSITION_LIMIT = 1 << 24
+# Logit-scale weights (ZPX's lambdas, GPA's gamma, PCT's tau) multiply terms in [-1, 1] (or O(1) at
+# initialisation) and are held in the model dtype once a model is cast: in float16, the narrowest dtype a
+# model runs in, a weight past its max (65504) is inf, and inf * 0 = NaN in the score (measured: 6e4 finite,
+# 1e5 NaN in float16; 1e308 is inf in float32 already). So |weight| <= float16 max, for every dtype.
+LOGIT_SCALE_LIMIT = 65504.0
+TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")
 
 
 class Rule(NamedTuple):
@@ -27,8 +33,10 @@ class Rule(NamedTuple):
     maximum: float | None = None
     positive: bool = False
     below: float | None = None  # strict upper bound
-    choices: tuple[Any, ...] = ()
+    above: float | None = None  # strict lower bound
+    choices: tuple[Any, ...] = ()  # for "int"/"float": named values accepted besides numbers
     optional: bool = False  # None allowed
+    why: str = ""  # the reason behind a range, appended to the message
 
 
 def _fail(field: str, value: Any, fix: str) -> None:
@@ -47,19 +55,45 @@ def check_field(field: str, value: Any, rule: Rule) -> None:
         if value not in rule.choices:
             _fail(field, value, f"expected one of {list(rule.choices)}.")
         return
+    if rule.choices and isinstance(value, str):
+        if value not in rule.choices:
+            _fail(field, value, f"expected a number or one of {list(rule.choices)}.")
+        return
     if rule.kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
-            _fail(field, value, "expected an integer.")
+            hint = f" (write {value}, not {value!r})" if isinstance(value, str) and value.strip().isdigit() else ""
+            _fail(field, value, f"expected an integer{hint}.")
     elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         _fail(field, value, "expected a finite number.")
+    why = f" {rule.why}" if rule.why else ""
     if rule.positive and value <= 0:
-        _fail(field, value, "expected a number > 0.")
+        _fail(field, value, f"expected a number > 0.{why}")
+    if rule.above is not None and value <= rule.above:
+        _fail(field, value, f"expected a number > {rule.above:g}.{why}")
     if rule.minimum is not None and value < rule.minimum:
-        _fail(field, value, f"expected a number >= {rule.minimum}.")
+        _fail(field, value, f"expected a number >= {rule.minimum:g}.{why}")
     if rule.maximum is not None and value > rule.maximum:
-        _fail(field, value, f"expected a number <= {rule.maximum}.")
+        _fail(field, value, f"expected a number <= {rule.maximum:g}.{why}")
     if rule.below is not None and value >= rule.below:
-        _fail(field, value, f"expected a number < {rule.below}.")
+        _fail(field, value, f"expected a number < {rule.below:g}.{why}")
+
+
+def check_token_ids(vocab_size: int, token_ids: dict[str, Any]) -> None:
+    """Special token ids are `None` or ids of the vocabulary: `pad_token_id` is the embedding's padding row
+    (an id past the vocabulary fails deep in `nn.Embedding`; a negative one is read from the end, so -5 would
+    silently make token vocab_size - 5 padding)."""
+    for field, value in token_ids.items():
+        ids = value if isinstance(value, (list, tuple)) else [value]
+        for token in ids:
+            if token is None:
+                continue
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+                _fail(
+                    field,
+                    value,
+                    f"expected a token id in [0, vocab_size={vocab_size}) or null (none); use the "
+                    "tokenizer's id, or raise vocab_size.",
+                )
 
 
 def pop_removed_fields(kwargs: dict[str, Any], removed: dict[str, str]) -> None:
@@ -87,13 +121,14 @@ class GeometricConfig(PretrainedConfig):
         rotary: `"srpe"` (spiral rotary, SPEC §1), `"rope"` (plain RoPE) or `"none"`.
         rope_theta: base `theta0` of the rotary frequencies `omega_j = theta0 ** (-2j / d_h)`.
         srpe_k: spiral divisor `k_s`; the winding angle is `p * omega_j * (1 + 1/k_s)`. `None` means
-            `1/k_s = 0` (no second winding).
+            `1/k_s = 0` (no second winding). Must be > 2^-24 (k_s <= 0 cancels or reverses the rotation).
         srpe_a: radial amplitude `a_s` of `r_j(p) = 1 + a_s * sin(p * f_s * omega_j)`.
         srpe_f: radial frequency `f_s`.
         causal: causal (decoder) attention; `False` gives a bidirectional encoder (not valid for
             `*ForCausalLM`).
         rms_norm_eps: epsilon of the RMS norms.
         initializer_range: std of the normal weight initialisation.
+        pad_token_id, bos_token_id, eos_token_id: ids in `[0, vocab_size)` or `None`.
     """
 
     def __init__(
@@ -140,9 +175,14 @@ class GeometricConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.attention_dropout = attention_dropout
         self.use_cache = use_cache
+        # Checked before transformers' validators read them (they compare token ids with vocab_size and warn).
+        self.check_fields()
+        check_token_ids(
+            vocab_size, dict(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id)
+        )
         # DynamicCache(config=...) reads `layer_types`; only values HF knows are allowed there.
         kwargs.pop("layer_types", None)
-        self.layer_types = ["full_attention"] * (num_hidden_layers if isinstance(num_hidden_layers, int) else 0)
+        self.layer_types = ["full_attention"] * num_hidden_layers
         super().__init__(
             pad_token_id=pad_token_id,
             bos_token_id=bos_token_id,
@@ -169,7 +209,17 @@ class GeometricConfig(PretrainedConfig):
         "allow_longer_positions": Rule("bool"),
         "rotary": Rule("choice", choices=ROTARY_TYPES),
         "rope_theta": Rule("float", positive=True),
-        "srpe_k": Rule("float", optional=True),
+        # Theta_j(p) = p omega_j w with winding w = 1 + 1/k_s: k_s = -1 gives w = 0 (every position the same
+        # rotation: positions ignored) and k_s < 0 shrinks or mirrors every frequency, so k_s > 0 (w > 1).
+        # The fastest pair (omega_0 = 1) turns w rad per token, in float32 tables whose ulp is 2 rad at 2^24
+        # rad (a third of a turn: rounding noise from position 1), so w < 2^24, i.e. k_s > 2^-24 (~6e-8).
+        "srpe_k": Rule(
+            "float",
+            optional=True,
+            above=2.0**-24,
+            why="The winding is 1 + 1/srpe_k: use a positive srpe_k (k=-1 cancels the rotation), or null for "
+            "no second winding.",
+        ),
         "srpe_a": Rule("float", minimum=0.0, below=1.0),
         "srpe_f": Rule("float"),
         "causal": Rule("bool"),
@@ -178,10 +228,29 @@ class GeometricConfig(PretrainedConfig):
         "attention_dropout": Rule("float", minimum=0.0, below=1.0),
     }
 
-    def validate(self) -> None:
-        """Raise `ValueError` naming the first invalid field."""
+    def __setattr__(self, key: str, value: Any) -> None:
+        # After `__init__`, assigning a checked field (also the overrides `from_pretrained(..., field=v)` sets
+        # by setattr) checks it at once; checks across fields run in `validate()`.
+        if key in type(self).field_rules and self.__dict__.get("_post_init_done"):  # set by PreTrainedConfig
+            check_field(key, value, type(self).field_rules[key])
+        super().__setattr__(key, value)
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
+        result = super().from_dict(config_dict, **kwargs)
+        config = result[0] if isinstance(result, tuple) else result
+        config.validate()  # overrides were set one by one: check how they combine
+        return result
+
+    def check_fields(self) -> None:
+        """Each field against its own rule (`field_rules`)."""
         for field, rule in self.field_rules.items():
             check_field(field, getattr(self, field), rule)
+
+    def validate(self) -> None:
+        """Raise `ValueError` naming the first invalid field."""
+        self.check_fields()
+        check_token_ids(self.vocab_size, {field: getattr(self, field, None) for field in TOKEN_ID_FIELDS})
         if self.rotary != "none" and self.rotary_dim % 2 != 0:
             _fail(
                 "head_dim",
@@ -189,8 +258,6 @@ class GeometricConfig(PretrainedConfig):
                 f"rotary={self.rotary!r} rotates pairs of features, so head_dim must be even; "
                 "change hidden_size/num_attention_heads (or head_dim), or set rotary='none'.",
             )
-        if self.srpe_k == 0:
-            _fail("srpe_k", self.srpe_k, "the winding uses 1/k_s; use null (None) for no second winding.")
         self._validate_family()
 
     @property

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .configuration_common import GeometricConfig, Rule, _fail, check_field, pop_removed_fields
+from .configuration_common import LOGIT_SCALE_LIMIT, GeometricConfig, Rule, _fail, pop_removed_fields
 
 TAU_MODES = ("sqrt_d", "inv_sqrt_d", "learnable")
 
@@ -22,7 +22,7 @@ class PCTConfig(GeometricConfig):
 
     Args:
         tau: temperature of `s_ij = tau * Re<qn_i, kn_j>`: `"sqrt_d"` (default), `"inv_sqrt_d"`,
-            `"learnable"` (one per head, initialised at sqrt(d)) or a fixed positive number.
+            `"learnable"` (one per head, initialised at sqrt(d)) or a fixed number in (0, 65504].
         gate_bias_init: initial value of the per-head gate bias `b_h` in `sigmoid(s_ij + b_h)`; `None`
             means `-log(max_position_embeddings)` (sigmoid attention recipe, arXiv 2409.04431).
         qk_norm_eps: epsilon of the complex L2 normalisation of queries and keys.
@@ -81,6 +81,15 @@ class PCTConfig(GeometricConfig):
 
     field_rules = {
         **GeometricConfig.field_rules,
+        # s_ij = tau cos(qn_i, kn_j): see LOGIT_SCALE_LIMIT (a number past it is inf once the model is half
+        # precision; 1e308 is inf in float32 already, and inf * 0 = NaN in the gate)
+        "tau": Rule(
+            "float",
+            positive=True,
+            maximum=LOGIT_SCALE_LIMIT,
+            choices=TAU_MODES,
+            why="A larger temperature is inf in float16 (NaN gates); use 'learnable' to let training sharpen it.",
+        ),
         "gate_bias_init": Rule("float", optional=True),
         "qk_norm_eps": Rule("float", positive=True),
         "attention_bias": Rule("bool"),
@@ -95,10 +104,6 @@ class PCTConfig(GeometricConfig):
                     getattr(self, field),
                     "PCT widths count real features [re | im] of complex ones: use an even number.",
                 )
-        if isinstance(self.tau, str):
-            check_field("tau", self.tau, Rule("choice", choices=TAU_MODES))
-        else:
-            check_field("tau", self.tau, Rule("float", positive=True))
         if self.attention_dropout != 0:
             _fail(
                 "attention_dropout",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .configuration_common import GeometricConfig, Rule
+from .configuration_common import LOGIT_SCALE_LIMIT, GeometricConfig, Rule, _fail
+
+_WHY = "Past the float16 maximum the score's weight is inf in a half-precision model (NaN attention)."
 
 
 class ZPXConfig(GeometricConfig):
@@ -13,7 +15,8 @@ class ZPXConfig(GeometricConfig):
     Args:
         phase_channels: phase channels `C` per head of the phase encoder.
         lambda_angle: weight of `mean_c cos(phi_i - phi_j)` in the attention score.
-        lambda_sphere: weight of `mean_c <s_i, s_j>` (Riemann-sphere kernel).
+        lambda_sphere: weight of `mean_c <s_i, s_j>` (Riemann-sphere kernel). `|lambda_angle| + |lambda_sphere|`
+            must stay <= 65504 (float16's maximum: past it the score is inf in a half-precision model).
         max_log_radius: `R` in `log_r = R tanh(W_r h / R)`.
         center_loss_weight: weight of the centre-cancellation loss added to the LM loss.
         attention_bias: biases on q/k/v/o projections.
@@ -48,11 +51,23 @@ class ZPXConfig(GeometricConfig):
         self.mlp_bias = mlp_bias
         super().__init__(**kwargs)
 
+    def _validate_family(self) -> None:
+        # S_ij's geometric part lies in [-(|la| + |ls|), |la| + |ls|] (both kernels are in [-1, 1]): the sum must
+        # stay within float16 too (measured: both at +65504 give NaN in float16 eager attention).
+        if abs(self.lambda_angle) + abs(self.lambda_sphere) > LOGIT_SCALE_LIMIT:
+            _fail(
+                "lambda_angle",
+                self.lambda_angle,
+                f"|lambda_angle| + |lambda_sphere| (lambda_sphere={self.lambda_sphere!r}) must be <= "
+                f"{LOGIT_SCALE_LIMIT:g}, the float16 maximum: the score's angle and sphere terms add up to it.",
+            )
+
     field_rules = {
         **GeometricConfig.field_rules,
         "phase_channels": Rule("int", minimum=1),
-        "lambda_angle": Rule("float"),
-        "lambda_sphere": Rule("float"),
+        # held in the fast form's query features (lambda / C) cos phi, (lambda / C) s: see LOGIT_SCALE_LIMIT
+        "lambda_angle": Rule("float", minimum=-LOGIT_SCALE_LIMIT, maximum=LOGIT_SCALE_LIMIT, why=_WHY),
+        "lambda_sphere": Rule("float", minimum=-LOGIT_SCALE_LIMIT, maximum=LOGIT_SCALE_LIMIT, why=_WHY),
         "max_log_radius": Rule("float", positive=True),
         "center_loss_weight": Rule("float", minimum=0.0),
         "attention_bias": Rule("bool"),

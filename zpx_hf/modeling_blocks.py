@@ -194,6 +194,7 @@ def check_inputs(
     position_ids: torch.Tensor | None,
     past_length: int,
     embedding_width: int | None = None,
+    embedding_dtype: torch.dtype | None = None,
 ) -> None:
     """Fail early, naming the argument, on inputs the model cannot handle.
 
@@ -226,9 +227,24 @@ def check_inputs(
                 f"`inputs_embeds` must have {embedding_width} features per token (the width of "
                 f"`get_input_embeddings()`); got {inputs_embeds.shape[-1]}."
             )
+        if (
+            embedding_dtype is not None
+            and inputs_embeds.dtype != embedding_dtype
+            and not torch.is_autocast_enabled(inputs_embeds.device.type)
+        ):
+            raise ValueError(
+                f"`inputs_embeds` are {inputs_embeds.dtype} but the model computes in {embedding_dtype}; cast them "
+                "with `inputs_embeds.to(model.dtype)` (or the model with `model.to(dtype)`)."
+            )
         if check_values and not torch.isfinite(inputs_embeds).all():
             raise ValueError("`inputs_embeds` contains NaN or Inf.")
         batch, length = inputs_embeds.shape[:2]
+    if batch == 0 or length == 0:
+        name = "input_ids" if input_ids is not None else "inputs_embeds"
+        raise ValueError(
+            f"`{name}` is empty (batch={batch}, seq_len={length}): pass at least one sequence of at least one "
+            "token. To `generate` from nothing, start the prompt with the BOS token (`config.bos_token_id`)."
+        )
     if attention_mask is not None:
         if (
             attention_mask.dim() != 2
@@ -250,11 +266,17 @@ def check_inputs(
                 "padding mask, not additive biases or weights."
             )
     if position_ids is not None:
-        if position_ids.dim() not in (1, 2) or position_ids.shape[-1] != length:
+        if (
+            position_ids.dim() not in (1, 2)
+            or position_ids.shape[-1] != length
+            or (position_ids.dim() == 2 and position_ids.shape[0] not in (1, batch))
+        ):
             raise ValueError(
-                f"`position_ids` must be [batch, seq_len={length}] (or [seq_len]); got shape "
-                f"{tuple(position_ids.shape)}."
+                f"`position_ids` must be [batch={batch}, seq_len={length}] (or [1, seq_len] or [seq_len], shared by "
+                f"every row); got shape {tuple(position_ids.shape)}."
             )
+        if position_ids.dtype.is_floating_point or position_ids.dtype.is_complex or position_ids.dtype == torch.bool:
+            raise ValueError(f"`position_ids` must be an integer tensor; got {position_ids.dtype}.")
         if check_values and position_ids.numel():
             low, high = value_range(position_ids)
             if low < 0:

@@ -95,6 +95,12 @@ class GeometricPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = False
     _supports_flex_attn = False
 
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        # Fields assigned after the config was built were checked one by one; how they combine is checked
+        # here, before any weight is allocated (see `configuration_common`).
+        config.validate()
+        super().__init__(config, *args, **kwargs)
+
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
         if isinstance(module, nn.Linear):
@@ -229,6 +235,7 @@ class GeometricModel(GeometricPreTrainedModel):
             position_ids,
             past_length,
             embedding_width=self.embed_tokens.weight.shape[-1],
+            embedding_dtype=self.embed_tokens.weight.dtype,
         )
 
         if inputs_embeds is None:
@@ -274,6 +281,46 @@ class GeometricModel(GeometricPreTrainedModel):
             **{CACHE_FIELD: past_key_values if use_cache else None},
         )
         return output if return_dict else output.to_tuple()
+
+
+def check_labels(
+    labels: torch.Tensor | None,
+    shift_labels: torch.Tensor | None,
+    input_shape: tuple[int, int],
+    logits_shape: tuple[int, int],
+) -> None:
+    """Raise, naming the argument, unless the causal-LM targets line up with the inputs: `labels` [batch,
+    seq_len] like `input_ids` (shifted inside the loss), `shift_labels` one target per logit position. A
+    reshaped `labels` ([1, 16] or [16] for [2, 8] inputs) has the same count and would give a misaligned loss."""
+    if shift_labels is not None:
+        if tuple(shift_labels.shape) != logits_shape:
+            raise ValueError(
+                f"`shift_labels` must be [batch, seq_len] = {logits_shape} (one target per logit position); got "
+                f"{tuple(shift_labels.shape)}."
+            )
+        return
+    if tuple(labels.shape) != input_shape:
+        raise ValueError(
+            f"`labels` must be [batch, seq_len] = {input_shape}, the shape of `input_ids` (the target of each "
+            f"position; the loss shifts them); got {tuple(labels.shape)}. Pass them unflattened, one row per input."
+        )
+    if logits_shape != input_shape:
+        raise ValueError(
+            f"`labels` need logits at every position, but `logits_to_keep` kept {logits_shape[1]} of "
+            f"{input_shape[1]}; drop `logits_to_keep`, or pass `shift_labels` for the kept positions."
+        )
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise ValueError(f"`labels` must be integer token ids (-100 = ignored); got {labels.dtype}.")
+
+
+def check_classification_labels(labels: torch.Tensor, batch: int, num_labels: int) -> None:
+    """Raise, naming `labels`, unless they hold one target per sequence: `[batch]` (class ids, or values when
+    `num_labels == 1`) or `[batch, num_labels]` (multi-label / multi-output regression)."""
+    if labels.dim() == 0 or labels.shape[0] != batch or labels.numel() not in (batch, batch * num_labels):
+        raise ValueError(
+            f"`labels` must be [batch={batch}] (one class id or value per sequence) or [batch, num_labels="
+            f"{num_labels}] (multi-label); got {tuple(labels.shape)}."
+        )
 
 
 class ForCausalLMHead:
@@ -366,11 +413,7 @@ class ForCausalLMHead:
 
         loss = None
         if labels is not None or shift_labels is not None:
-            if shift_labels is not None and shift_labels.shape != logits.shape[:-1]:
-                raise ValueError(
-                    f"`shift_labels` must be [batch, seq_len] = {tuple(logits.shape[:-1])} (one target per logit "
-                    f"position); got {tuple(shift_labels.shape)}."
-                )
+            check_labels(labels, shift_labels, tuple(outputs.last_hidden_state.shape[:2]), tuple(logits.shape[:-1]))
             loss = ForCausalLMLoss(
                 logits, labels, vocab_size=logits.shape[-1], shift_labels=shift_labels, **loss_kwargs
             )
@@ -444,6 +487,7 @@ class ForSequenceClassificationHead:
         logits = self.score(pooled)
         loss = None
         if labels is not None:
+            check_classification_labels(labels, logits.shape[0], self.num_labels)
             # float32 logits, as the causal-LM loss does, so bf16 autocast does not change the loss.
             loss = ForSequenceClassificationLoss(labels, logits.float(), self.config)
             auxiliary = self.auxiliary_loss(outputs)
@@ -463,6 +507,8 @@ __all__ = [
     "GeometricPreTrainedModel",
     "GeometricDecoderLayer",
     "GeometricModel",
+    "check_classification_labels",
+    "check_labels",
     "ForCausalLMHead",
     "ForSequenceClassificationHead",
 ]

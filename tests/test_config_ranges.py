@@ -1,0 +1,261 @@
+"""Config checks on every construction path, and numeric ranges that stop where values give NaN.
+
+Each limit is tested just inside (the model builds and its outputs are finite, in the dtype the limit is
+about) and just outside (a `ValueError` naming the field); where the limit is measured in the model, the
+value past it is also shown to give NaN when the check is bypassed.
+"""
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import TINY_VOCAB, make_tiny_config
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import zpx_hf
+from zpx_hf.configuration_common import LOGIT_SCALE_LIMIT
+from zpx_hf.configuration_versor import RRA_FULL_GROWTH_LIMIT, RRA_SCALE_LIMIT
+from zpx_hf.rotary_srpe import SpiralRotaryEmbedding
+
+FLOAT16_MAX = torch.finfo(torch.float16).max
+JUST_OUTSIDE = 1 + 1e-6
+
+
+def saved(tmp_path, case="zpx", **overrides):
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(make_tiny_config(case, **overrides)).save_pretrained(tmp_path)
+    return tmp_path
+
+
+# ----------------------------------------------------------------------------------------- every path
+
+
+def test_from_pretrained_overrides_are_checked(tmp_path):
+    folder = saved(tmp_path)
+    with pytest.raises(ValueError, match="`lambda_angle`=nan"):
+        AutoModelForCausalLM.from_pretrained(folder, lambda_angle=float("nan"))
+    with pytest.raises(ValueError, match="`srpe_a`=5.0"):
+        AutoConfig.from_pretrained(folder, srpe_a=5.0)
+    with pytest.raises(ValueError, match="`pad_token_id`=-5"):  # not a field rule: checked by from_dict's validate
+        AutoConfig.from_pretrained(folder, pad_token_id=-5)
+    with pytest.raises(ValueError, match="`head_dim`"):  # each override valid alone, the combination is not
+        AutoConfig.from_pretrained(folder, head_dim=7)
+    config = AutoConfig.from_pretrained(folder, srpe_a=0.5)  # a valid override still loads
+    assert config.srpe_a == 0.5
+
+
+def test_config_json_edited_on_disk_is_checked(tmp_path):
+    folder = saved(tmp_path)
+    stored = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**stored, "lambda_sphere": float("inf")}))
+    with pytest.raises(ValueError, match="`lambda_sphere`"):
+        AutoModelForCausalLM.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("case", ["zpx", "pct", "versor-hybrid"])
+def test_assignment_is_checked_and_model_build_validates(case):
+    config = make_tiny_config(case)
+    with pytest.raises(ValueError, match="`rms_norm_eps`"):
+        config.rms_norm_eps = float("nan")
+    assert config.rms_norm_eps == 1e-6  # the bad value was not stored
+    config.pad_token_id = TINY_VOCAB  # not a field rule: caught where the model is built
+    with pytest.raises(ValueError, match="`pad_token_id`"):
+        AutoModelForCausalLM.from_config(config)
+
+
+def test_from_dict_of_the_base_class_is_checked():
+    stored = make_tiny_config("pct").to_dict()
+    with pytest.raises(ValueError, match="`tau`"):
+        zpx_hf.PCTConfig.from_dict(stored, tau=float("inf"))
+    with pytest.raises(ValueError, match="`head_dim`"):
+        zpx_hf.PCTConfig.from_dict(stored, head_dim=7)
+
+
+# ----------------------------------------------------------------------------------------- type and token ids
+
+
+def test_string_vocab_size_names_the_field():
+    with pytest.raises(ValueError, match=r"`vocab_size`='260'.*write 260"):
+        zpx_hf.ZPXConfig(vocab_size="260")
+
+
+@pytest.mark.parametrize("field", ["pad_token_id", "bos_token_id", "eos_token_id"])
+@pytest.mark.parametrize("value", [-5, -1, TINY_VOCAB, TINY_VOCAB + 10, 1.5, True])
+def test_special_token_ids_lie_in_the_vocabulary(field, value):
+    with pytest.raises(ValueError, match=f"`{field}`.*vocab_size={TINY_VOCAB}"):
+        make_tiny_config("zpx", **{field: value})
+
+
+def test_last_token_id_and_none_are_accepted():
+    config = make_tiny_config("zpx", pad_token_id=TINY_VOCAB - 1, bos_token_id=None, eos_token_id=[2, TINY_VOCAB - 1])
+    model = AutoModelForCausalLM.from_config(config)
+    assert model.model.embed_tokens.padding_idx == TINY_VOCAB - 1
+
+
+# ----------------------------------------------------------------------------------------- logit scales
+
+
+LOGIT_SCALES = [
+    ("zpx", "lambda_angle", 1),
+    ("zpx", "lambda_angle", -1),
+    ("zpx", "lambda_sphere", 1),
+    ("pct", "tau", 1),
+    ("versor-gpa", "gpa_gamma_init", 1),
+    ("versor-gpa", "gpa_gamma_init", -1),
+]
+# the other ZPX lambda at 0: their magnitudes add up (see below)
+OTHER = {"lambda_angle": {"lambda_sphere": 0.0}, "lambda_sphere": {"lambda_angle": 0.0}}
+
+
+def test_logit_scale_limit_is_the_float16_maximum():
+    assert LOGIT_SCALE_LIMIT == FLOAT16_MAX
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("case,field,sign", LOGIT_SCALES)
+def test_logit_scales_at_the_limit_stay_finite_in_float16(case, field, sign, implementation):
+    torch.manual_seed(0)
+    config = make_tiny_config(case, **{field: sign * LOGIT_SCALE_LIMIT}, **OTHER.get(field, {}))
+    ids = torch.randint(3, TINY_VOCAB, (2, 12))
+    for dtype in (torch.float32, torch.float16):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation).to(dtype).eval()
+        with torch.no_grad():
+            assert torch.isfinite(model(ids).logits).all(), dtype
+
+
+@pytest.mark.parametrize("case,field,sign", LOGIT_SCALES)
+def test_logit_scales_past_the_limit_are_refused(case, field, sign):
+    for value in (sign * LOGIT_SCALE_LIMIT * JUST_OUTSIDE, sign * 1e308):
+        with pytest.raises(ValueError, match=f"`{field}`.*float16"):
+            make_tiny_config(case, **{field: value}, **OTHER.get(field, {}))
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("sphere_sign", [1, -1])
+def test_zpx_lambdas_summing_to_the_limit_stay_finite_in_float16(sphere_sign, implementation):
+    half = LOGIT_SCALE_LIMIT / 2
+    torch.manual_seed(0)
+    config = make_tiny_config("zpx", lambda_angle=half, lambda_sphere=sphere_sign * half)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation).half().eval()
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.randint(3, TINY_VOCAB, (2, 12))).logits).all()
+    with pytest.raises(ValueError, match=r"`lambda_angle`.*\|lambda_angle\| \+ \|lambda_sphere\|"):
+        make_tiny_config("zpx", lambda_angle=half * JUST_OUTSIDE, lambda_sphere=sphere_sign * half)
+
+
+def test_zpx_lambdas_past_the_summed_limit_give_nan_in_float16():
+    # the check bypassed on the built layers: both at the maximum overflow the float16 eager score
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(make_tiny_config("zpx"), attn_implementation="eager").half().eval()
+    for layer in model.model.layers:
+        layer.self_attn.lambda_angle = layer.self_attn.lambda_sphere = LOGIT_SCALE_LIMIT
+    with torch.no_grad():
+        assert not torch.isfinite(model(torch.randint(3, TINY_VOCAB, (2, 12))).logits).all()
+
+
+# ----------------------------------------------------------------------------------------- SRPE winding
+
+
+def test_srpe_k_minus_one_would_ignore_positions_and_is_refused():
+    rotary = SpiralRotaryEmbedding(16, k_s=-1.0, a_s=0.0)  # the module itself, below the config check
+    x = torch.ones(1, 6, 16)
+    cos, sin = rotary(x, torch.arange(6)[None])
+    assert torch.equal(cos, cos[:, :1].expand_as(cos)) and torch.equal(sin, sin[:, :1].expand_as(sin))
+    for value in (-1.0, -2.0, -0.5, 0.0, 2.0**-24):
+        with pytest.raises(ValueError, match="`srpe_k`.*positive"):
+            make_tiny_config("zpx", srpe_k=value)
+
+
+def test_srpe_k_just_above_the_limit_gives_finite_distinct_positions():
+    config = make_tiny_config("zpx", srpe_k=2.0**-24 * 1.01)
+    rotary = SpiralRotaryEmbedding(config.head_dim, k_s=config.srpe_k)
+    cos, sin = rotary(torch.ones(1, 4, config.head_dim), torch.arange(4)[None])
+    assert torch.isfinite(cos).all() and torch.isfinite(sin).all()
+    assert not torch.equal(cos[:, 1], cos[:, 2])
+
+
+# ----------------------------------------------------------------------------------------- Versor RRA
+
+
+def saturated_rra(scale, **overrides):
+    """One-layer-per-mixer RRA model whose tanh saturates (initializer_range 1): |B_t coefficients| ~ scale."""
+    torch.manual_seed(0)
+    fields = dict(mixer="rra", initializer_range=1.0, rra_bivector_scale=scale, **overrides)
+    return AutoModelForCausalLM.from_config(make_tiny_config("versor-rra", **fields)).eval()
+
+
+def test_compact_scale_limit_is_where_float32_overflows():
+    # derivation (configuration_versor.RRA_SCALE_LIMIT): e^{4s} < e^{88.7} -> s < 22.2
+    assert RRA_SCALE_LIMIT < math.log(torch.finfo(torch.float32).max) / 4 < 22.2
+    ids = torch.randint(3, TINY_VOCAB, (2, 32))
+    model = saturated_rra(RRA_SCALE_LIMIT)
+    with torch.no_grad():
+        assert torch.isfinite(model(ids).logits).all()
+        for layer in model.model.layers:  # the check bypassed: just past the derived overflow
+            layer.mixer.bivector_scale = 22.5
+        assert not torch.isfinite(model(ids).logits).all()
+    for value in (RRA_SCALE_LIMIT * JUST_OUTSIDE, 1000.0):
+        with pytest.raises(ValueError, match="`rra_bivector_scale`.*float32"):
+            make_tiny_config("versor-rra", rra_bivector_scale=value)
+
+
+def full_limit_scale(hidden_size, initializer_range, max_position_embeddings):
+    per_scale = min(1.0, initializer_range * math.sqrt(6 * hidden_size / 32)) * math.sqrt(max_position_embeddings)
+    return RRA_FULL_GROWTH_LIMIT / per_scale
+
+
+def test_full_accumulation_bound_holds_the_coefficient_rms():
+    # the derivation's premise: at initialisation the coefficients' RMS is <= s min(1, sigma sqrt(6H/32))
+    for initializer_range in (0.02, 0.2):
+        torch.manual_seed(0)
+        config = make_tiny_config("versor-rra", initializer_range=initializer_range, rra_bivector_scale=1.0)
+        model = AutoModelForCausalLM.from_config(config).eval()
+        mixer = model.model.layers[0].mixer
+        captured = {}
+        hidden = model.model.layers[0].input_layernorm(model.model.embed_tokens(torch.randint(3, TINY_VOCAB, (4, 64))))
+        with torch.no_grad():
+            captured["rms"] = mixer.bivectors(hidden).pow(2).mean().sqrt().item()
+        bound = min(1.0, initializer_range * math.sqrt(6 * config.hidden_size / 32))
+        assert 0.5 * bound < captured["rms"] <= 1.05 * bound, (initializer_range, captured, bound)
+
+
+def test_full_accumulation_limit_just_inside_and_outside():
+    hidden, sigma, length = 128, 0.02, 512
+    limit = full_limit_scale(hidden, sigma, length)
+    fields = dict(
+        mixer="rra",
+        rra_accumulate="full",
+        hidden_size=hidden,
+        initializer_range=sigma,
+        max_position_embeddings=length,
+        num_hidden_layers=1,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(make_tiny_config("versor-rra", rra_bivector_scale=0.999 * limit, **fields))
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.randint(3, TINY_VOCAB, (1, length))).logits).all()
+    for scale in (1.001 * limit, 2.0, 5.0):  # the issue's scale 2 (NaN from 769) and 5 (from 132)
+        with pytest.raises(ValueError, match='`rra_bivector_scale`.*"full".*compact'):
+            make_tiny_config("versor-rra", rra_bivector_scale=scale, **fields)
+    # a GPA-only model has no RRA: the accumulation mode is not checked
+    make_tiny_config("versor-gpa", rra_bivector_scale=5.0, **{**fields, "mixer": "gpa"})
+
+
+def test_full_accumulation_past_the_limit_reaches_nan_where_the_analysis_says():
+    # the measured law: NaN where rho sqrt(t) ~ 4.3-5.5; s = 2 here gives rho ~ 0.19 -> NaN near t ~ 500-800
+    hidden, sigma = 128, 0.02
+    torch.manual_seed(0)
+    fields = dict(mixer="rra", rra_accumulate="full", hidden_size=hidden, initializer_range=sigma, num_hidden_layers=1)
+    config = make_tiny_config("versor-rra", max_position_embeddings=1024, rra_bivector_scale=0.5, **fields)
+    model = AutoModelForCausalLM.from_config(config)
+    model.eval()
+    for layer in model.model.layers:
+        layer.mixer.bivector_scale = 2.0  # the check bypassed, as the issue's configuration
+    captured = {}
+    model.model.layers[0].mixer.register_forward_hook(lambda module, args, out: captured.update(out=out[0]))
+    with torch.no_grad():
+        model(torch.randint(3, TINY_VOCAB, (1, 1024)))
+    finite = torch.isfinite(captured["out"][0]).all(-1)
+    first_nan = int((~finite).nonzero()[0]) if not finite.all() else None
+    assert first_nan is not None and 4.0 / 0.2 < math.sqrt(first_nan) < 6.0 / 0.15, first_nan
