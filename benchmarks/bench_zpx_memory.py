@@ -1,10 +1,12 @@
 """ZPX long-context memory and step-time benchmark (issue: ZPX foundation).
 
 1. Attention op, forward + backward, at L = 512 ... 4096: the seed-style materialised form
-   (`zpx_attention_naive`, [L, L, C] and [L, L, C, 3] tensors) vs the exact augmented-head-dim
-   SDPA form (`zpx_attention_sdpa`). Each point runs in a fresh subprocess; peak memory is the
+   (kernel `naive`, [L, L, C] and [L, L, C, 3] tensors) vs the exact augmented-head-dim
+   SDPA form (kernel `cpu`). Each point runs in a fresh subprocess; peak memory is the
    growth of the process's peak RSS over its RSS just before the op (CPU), or
    `torch.cuda.max_memory_allocated` on CUDA.
+   At `--padded-lengths` (default 16384) the fast form with one left-padded key (a padding mask) against
+   none: the padded path builds masks per query panel, never L x L, so its peak stays within 2x.
 2. One training step (forward + backward + AdamW) of `ZPXForCausalLM` vs `LlamaForCausalLM` of
    the same size, both on SDPA.
 
@@ -26,13 +28,17 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def attention_worker(path: str, length: int, device: str, heads: int, head_dim: int, channels: int) -> dict:
+    """`path`: "materialised" (kernel naive), "sdpa" (kernel cpu) or "sdpa-padded" (cpu, one padded key)."""
     import torch
 
-    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention_sdpa
-    from zpx_hf.ops_zpx_naive import zpx_attention_naive
+    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention
 
     torch.manual_seed(0)
-    op = {"materialised": zpx_attention_naive, "sdpa": zpx_attention_sdpa}[path]
+    kernel = "naive" if path == "materialised" else "cpu"
+    padding = None
+    if path == "sdpa-padded":
+        padding = torch.ones(1, length, dtype=torch.bool, device=device)
+        padding[0, 0] = False
     dtype = torch.float32
 
     def make(*shape):
@@ -44,8 +50,9 @@ def attention_worker(path: str, length: int, device: str, heads: int, head_dim: 
     def step():
         features = phase_key_features(phase_coordinates(*pre, 4.0))
         key_aug = torch.cat((k, features), -1)
-        out, _ = op(
-            q, key_aug, v, features, None, causal=True, scaling=head_dim**-0.5, lambda_angle=1.0, lambda_sphere=1.0
+        out, _ = zpx_attention(
+            q, key_aug, v, features, padding, causal=True, scaling=head_dim**-0.5, lambda_angle=1.0,
+            lambda_sphere=1.0, kernel=kernel,
         )
         out.sum().backward()
 
@@ -120,6 +127,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    parser.add_argument("--padded-lengths", type=int, nargs="*", default=[16384])
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--channels", type=int, default=4)
@@ -135,13 +143,13 @@ def main() -> None:
         return
 
     rows = []
-    for length in args.lengths:
-        for path in ("materialised", "sdpa"):
-            result = run_worker(
-                __file__, ["attention", path, length, args.device, args.heads, args.head_dim, args.channels]
-            )
-            rows.append({"L": length, "path": path, **result})
-            print(rows[-1], flush=True)
+    points = [(length, path) for length in args.lengths for path in ("materialised", "sdpa")]
+    points += [(length, path) for length in args.padded_lengths for path in ("sdpa", "sdpa-padded")]
+    for length, path in points:
+        spec = ["attention", path, length, args.device, args.heads, args.head_dim, args.channels]
+        result = run_worker(__file__, spec)
+        rows.append({"L": length, "path": path, **result})
+        print(rows[-1], flush=True)
     steps = run_worker(__file__, ["step", args.device, args.step_length, args.step_batch])
     if "error" in steps:
         steps = {"llama": steps, "zpx": steps}
@@ -173,6 +181,21 @@ def main() -> None:
             f"| {length} | {cell(m, 'ms', '.1f')} | {cell(m, 'peak_mib', '.0f')} | "
             f"{cell(s, 'ms', '.1f')} | {cell(s, 'peak_mib', '.0f')} |"
         )
+    if args.padded_lengths:
+        lines += [
+            "",
+            "With padding (one left-padded key, a [1, L] padding mask), forward + backward, same shapes:",
+            "",
+            "| L | sdpa peak MiB | sdpa-padded peak MiB | padded / unpadded peak | sdpa ms | sdpa-padded ms |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
+        for length in args.padded_lengths:
+            u, p = by[(length, "sdpa")], by[(length, "sdpa-padded")]
+            ratio = f"{p['peak_mib'] / max(u['peak_mib'], 1.0):.2f}x" if "peak_mib" in u and "peak_mib" in p else "-"
+            lines.append(
+                f"| {length} | {cell(u, 'peak_mib', '.0f')} | {cell(p, 'peak_mib', '.0f')} | {ratio} | "
+                f"{cell(u, 'ms', '.1f')} | {cell(p, 'ms', '.1f')} |"
+            )
     llama, zpx = steps["llama"], steps["zpx"]
     lines += [
         "",
