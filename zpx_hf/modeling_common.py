@@ -37,9 +37,9 @@ from .modeling_blocks import (
 from .modeling_cache import grow_dynamic_layers
 from .ops_common import document_ids_from_cu_seq_lens, document_ids_from_position_ids, document_positions
 
-# Keyword arguments of padding-free collators (flash-attention's varlen form); the backbone reads documents
-# from `cu_seq_lens_*` and drops the rest (every mixer takes `document_ids` instead).
-PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+# Keyword arguments of padding-free collators (flash-attention's varlen form, TRL's `seq_idx`); the backbone
+# reads documents from `cu_seq_lens_*` and drops the rest (every mixer takes `document_ids` instead).
+PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 # The attention implementations every family offers through `attn_implementation`.
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
