@@ -114,7 +114,8 @@ def test_pct_packed_equals_each_document_alone(kernel, causal, dtype, monkeypatc
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("kernel", ["naive", "cpu"])
 def test_zpx_packed_equals_each_document_alone(kernel, causal, dtype, monkeypatch):
-    monkeypatch.setattr(ops_zpx_cpu, "MASK_ELEMENTS", 2 * 8 * LENGTH)  # panels of 16 rows, recomputed backward
+    monkeypatch.setattr(ops_zpx_cpu, "MASK_ELEMENTS", 2 * 8 * LENGTH)  # panels of 16 rows
+    monkeypatch.setattr(ops_zpx_cpu, "KEPT_MASK_ELEMENTS", 0)  # each recomputed in the backward
     dtype, tol = DTYPES[dtype]
     inputs, grad = zpx_inputs(dtype)
     compare_packed_to_separate(zpx_op(kernel, causal), inputs, grad, tol)

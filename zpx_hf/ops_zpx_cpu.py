@@ -6,7 +6,7 @@ and k^ = [k, cos phi, sin phi, s] the score is S = q^ . k^: ordinary SDPA (scale
 with O(L) memory. Without padding or documents that is one SDPA call (`is_causal`); with them, query
 panels (at most `PANEL_ROWS` rows and `MASK_ELEMENTS` mask entries), each against only the keys it can see
 (`query_panels`: causality, documents), recomputed in the backward when the masks kept for it would exceed
-`MASK_ELEMENTS` in all: never an L x L mask.
+`KEPT_MASK_ELEMENTS` in all: never an L x L mask.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from torch.utils.checkpoint import checkpoint
 
 from .ops_common import PHASE_FEATURES, constant_tables, decode_key_mask, query_panels, upcast, visible_block
 
-MASK_ELEMENTS = 1 << 22  # batch x query rows x keys of one panel's mask; read at call time
+MASK_ELEMENTS = 1 << 20  # batch x query rows x keys of one panel's mask (and its scores); read at call time
 PANEL_ROWS = 256  # at most this many query rows per panel (narrow panels skip more of other documents' keys)
+KEPT_MASK_ELEMENTS = 1 << 24  # past this many mask entries kept for the backward in all, panels are recomputed
 
 
 def augment_query(
@@ -95,10 +96,10 @@ def zpx_attention_cpu(
         return output[..., :value_dim].transpose(1, 2), None
     rows = max(16, min(PANEL_ROWS, MASK_ELEMENTS // max(1, batch * l_k)))
     blocks = query_panels(l_q, l_k, causal, rows, document_ids)
-    # With gradients, SDPA keeps each panel's mask for its backward: past MASK_ELEMENTS in all, every panel is
-    # recomputed in the backward instead (one panel's mask alive at a time).
+    # With gradients, SDPA keeps each panel's mask for its backward: past KEPT_MASK_ELEMENTS in all, every panel
+    # is recomputed in the backward instead (one panel's mask alive at a time).
     kept = batch * sum((r1 - r0) * (k1 - k0) for r0, r1, k0, k1 in blocks)
-    recompute = kept > MASK_ELEMENTS and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+    recompute = kept > KEPT_MASK_ELEMENTS and torch.is_grad_enabled() and not torch.compiler.is_compiling()
     args = (query_aug, key_aug, value, padding_mask, document_ids)
     panels = [
         checkpoint(_panel, *args, block, (l_q, l_k), causal, dropout, use_reentrant=False)
@@ -143,4 +144,11 @@ def zpx_attention_decode(
     return output.view(batch, heads, 1, -1).transpose(1, 2), None
 
 
-__all__ = ["MASK_ELEMENTS", "PANEL_ROWS", "augment_query", "zpx_attention_cpu", "zpx_attention_decode"]
+__all__ = [
+    "KEPT_MASK_ELEMENTS",
+    "MASK_ELEMENTS",
+    "PANEL_ROWS",
+    "augment_query",
+    "zpx_attention_cpu",
+    "zpx_attention_decode",
+]
