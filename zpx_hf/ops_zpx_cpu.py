@@ -52,18 +52,54 @@ def query_coefficients(
     return torch.tensor(values, dtype=dtype, device=device)
 
 
-def _panel(query_aug, key_aug, value, padding_mask, document_ids, block, sizes, causal, dropout) -> torch.Tensor:
-    """SDPA of query rows [r0, r1) against keys [k0, k1) under the block's mask; rows with no key give 0."""
+def _panel(query, key, value, padding_mask, document_ids, block, sizes, causal, dropout) -> torch.Tensor:
+    """SDPA of query rows [r0, r1) against keys [k0, k1) (the slices given) under the block's mask; rows with no
+    visible key give 0."""
     (r0, r1, k0, k1), (l_q, l_k) = block, sizes
-    mask = visible_block((r0, r1), (k0, k1), l_q, l_k, causal, padding_mask, document_ids, query_aug.device)
+    mask = visible_block((r0, r1), (k0, k1), l_q, l_k, causal, padding_mask, document_ids, query.device)
     seen = None
     if mask is not None and padding_mask is not None:  # open empty rows for softmax, zero them after
         seen = mask.any(dim=-1, keepdim=True)
         mask = mask | ~seen
-    output = F.scaled_dot_product_attention(
-        query_aug[:, :, r0:r1], key_aug[:, :, k0:k1], value[:, :, k0:k1], attn_mask=mask, dropout_p=dropout, scale=1.0
-    )
+    output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=1.0)
     return output if seen is None else output * seen
+
+
+def _slices(query_aug, key_aug, value, block) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The query rows and keys / values one panel reads."""
+    r0, r1, k0, k1 = block
+    return query_aug[:, :, r0:r1], key_aug[:, :, k0:k1], value[:, :, k0:k1]
+
+
+class _RecomputedPanels(torch.autograd.Function):
+    """The panels of `zpx_attention_cpu` with nothing kept between passes but q^, k^, v: the forward writes each
+    panel's output into one tensor without autograd state, the backward recomputes one panel at a time and adds
+    its gradients into three preallocated buffers (no per-panel full-size gradient, one mask alive at a time)."""
+
+    @staticmethod
+    def forward(ctx, query_aug, key_aug, value, padding_mask, document_ids, blocks, sizes, causal):
+        ctx.save_for_backward(query_aug, key_aug, value, padding_mask, document_ids)
+        ctx.blocks, ctx.sizes, ctx.causal = blocks, sizes, causal
+        output = query_aug.new_empty(*query_aug.shape[:3], value.shape[-1])
+        for block in blocks:
+            pieces = _slices(query_aug, key_aug, value, block)
+            output[:, :, block[0] : block[1]] = _panel(*pieces, padding_mask, document_ids, block, sizes, causal, 0.0)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        query_aug, key_aug, value, padding_mask, document_ids = ctx.saved_tensors
+        grads = [torch.zeros_like(query_aug), torch.zeros_like(key_aug), torch.zeros_like(value)]
+        for block in ctx.blocks:
+            r0, r1, k0, k1 = block
+            with torch.enable_grad():
+                # the slices as leaves: their gradients only, no full-size temporaries per panel
+                pieces = [t.detach().requires_grad_() for t in _slices(query_aug, key_aug, value, block)]
+                output = _panel(*pieces, padding_mask, document_ids, block, ctx.sizes, ctx.causal, 0.0)
+                parts = torch.autograd.grad(output, pieces, grad_output[:, :, r0:r1])
+            for grad, part, (a, b) in zip(grads, parts, ((r0, r1), (k0, k1), (k0, k1))):
+                grad[:, :, a:b] += part
+        return (*grads, None, None, None, None, None)
 
 
 def zpx_attention_cpu(
@@ -101,13 +137,14 @@ def zpx_attention_cpu(
     kept = batch * sum((r1 - r0) * (k1 - k0) for r0, r1, k0, k1 in blocks)
     recompute = kept > KEPT_MASK_ELEMENTS and torch.is_grad_enabled() and not torch.compiler.is_compiling()
     args = (query_aug, key_aug, value, padding_mask, document_ids)
-    panels = [
-        checkpoint(_panel, *args, block, (l_q, l_k), causal, dropout, use_reentrant=False)
-        if recompute
-        else _panel(*args, block, (l_q, l_k), causal, dropout)
-        for block in blocks
-    ]
-    output = panels[0] if len(panels) == 1 else torch.cat(panels, dim=2)
+    if recompute and dropout == 0.0:
+        output = _RecomputedPanels.apply(*args, blocks, (l_q, l_k), causal)
+    else:  # dropout: torch's checkpoint replays the random state
+        panels = []
+        for block in blocks:
+            panel_args = (*_slices(*args[:3], block), padding_mask, document_ids, block, (l_q, l_k), causal, dropout)
+            panels.append(checkpoint(_panel, *panel_args, use_reentrant=False) if recompute else _panel(*panel_args))
+        output = panels[0] if len(panels) == 1 else torch.cat(panels, dim=2)
     return output[..., :value_dim].transpose(1, 2), None
 
 
