@@ -211,3 +211,36 @@ def test_bad_document_ids_name_the_argument():
     q, k, v, tau, bias = (t.detach() for t in inputs)
     with pytest.raises(ValueError, match="`document_ids` must be"):
         pct_attention(q, k, v, tau, bias, document_ids=torch.zeros(2, 5, dtype=torch.long))
+
+
+def test_zpx_kernel_names_one_vocabulary_and_earlier_names_map():
+    from zpx_hf.ops_zpx import ZPX_KERNELS, resolve_kernel
+
+    query = torch.zeros(1, 1, 4, 8)
+    assert ZPX_KERNELS == ("naive", "cpu", "decode")
+    assert resolve_kernel("auto", query) == "cpu" and resolve_kernel("auto", query[:, :, :1]) == "decode"
+    assert resolve_kernel("auto", query[:, :, :1], dropout=0.1) == "cpu"  # the decode step has no dropout
+    with pytest.warns(FutureWarning, match="'sdpa' is now called 'cpu'"):
+        assert resolve_kernel("sdpa", query) == "cpu"
+    with pytest.raises(ValueError, match=r"`kernel`='flash' is not a ZPX attention kernel"):
+        resolve_kernel("flash", query)
+
+
+def test_kernel_files_import_only_the_shared_ops_module():
+    """The data path reads modeling -> ops entry -> kernel: kernels import `ops_common` only (no modeling code,
+    no other kernel, no entry), and the entries import no modeling code."""
+    import ast
+    from pathlib import Path
+
+    import zpx_hf
+
+    folder = Path(zpx_hf.__file__).parent
+    for path in sorted(folder.glob("ops_zpx*.py")) + sorted(folder.glob("ops_pct*.py")):
+        imported = {
+            node.module
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.level == 1
+        }
+        assert not any(name.startswith("modeling") for name in imported), (path.name, imported)
+        if path.stem not in ("ops_zpx", "ops_pct"):  # a kernel file
+            assert imported <= {"ops_common"}, (path.name, imported)
