@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import statistics
@@ -71,10 +72,9 @@ def make_step(path: str, length: int, device: str, dtype: Any, batch: int, heads
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     elif path in ("zpx_materialised", "zpx_sdpa"):
-        from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention_sdpa
-        from zpx_hf.ops_zpx_naive import zpx_attention_naive
+        from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention
 
-        op = zpx_attention_naive if path == "zpx_materialised" else zpx_attention_sdpa
+        op = functools.partial(zpx_attention, kernel="naive" if path == "zpx_materialised" else "cpu")
         q, k, v = (make(batch, heads, length, d) for _ in range(3))
         pre = [make(batch, heads, length, PHASE_CHANNELS) for _ in range(3)]
 

@@ -1,10 +1,13 @@
 """ZPX long-context memory and step-time benchmark (issue: ZPX foundation).
 
 1. Attention op, forward + backward, at L = 512 ... 4096: the seed-style materialised form
-   (`zpx_attention_naive`, [L, L, C] and [L, L, C, 3] tensors) vs the exact augmented-head-dim
-   SDPA form (`zpx_attention_sdpa`). Each point runs in a fresh subprocess; peak memory is the
+   (kernel `naive`, [L, L, C] and [L, L, C, 3] tensors) vs the exact augmented-head-dim
+   SDPA form (kernel `cpu`). Each point runs in a fresh subprocess; peak memory is the
    growth of the process's peak RSS over its RSS just before the op (CPU), or
    `torch.cuda.max_memory_allocated` on CUDA.
+   At `--padded-lengths` (default 16384) the fast form with one left-padded key (a padding mask) against
+   none, one call each (time of that call): the padded path builds masks per query panel, never L x L,
+   so its peak stays within 2x. Written to zpx_memory_padded_<device>.md; `--padded-only` runs just these.
 2. One training step (forward + backward + AdamW) of `ZPXForCausalLM` vs `LlamaForCausalLM` of
    the same size, both on SDPA.
 
@@ -25,14 +28,20 @@ from measure import peak_rss_growth, rss_bytes, run_worker  # benchmarks/measure
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def attention_worker(path: str, length: int, device: str, heads: int, head_dim: int, channels: int) -> dict:
+def attention_worker(
+    path: str, length: int, device: str, heads: int, head_dim: int, channels: int, repeats: int = 3
+) -> dict:
+    """`path`: "materialised" (kernel naive), "sdpa" (kernel cpu) or "sdpa-padded" (cpu, one padded key)."""
     import torch
 
-    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention_sdpa
-    from zpx_hf.ops_zpx_naive import zpx_attention_naive
+    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention
 
     torch.manual_seed(0)
-    op = {"materialised": zpx_attention_naive, "sdpa": zpx_attention_sdpa}[path]
+    kernel = "naive" if path == "materialised" else "cpu"
+    padding = None
+    if path == "sdpa-padded":
+        padding = torch.ones(1, length, dtype=torch.bool, device=device)
+        padding[0, 0] = False
     dtype = torch.float32
 
     def make(*shape):
@@ -44,8 +53,9 @@ def attention_worker(path: str, length: int, device: str, heads: int, head_dim: 
     def step():
         features = phase_key_features(phase_coordinates(*pre, 4.0))
         key_aug = torch.cat((k, features), -1)
-        out, _ = op(
-            q, key_aug, v, features, None, causal=True, scaling=head_dim**-0.5, lambda_angle=1.0, lambda_sphere=1.0
+        out, _ = zpx_attention(
+            q, key_aug, v, features, padding, causal=True, scaling=head_dim**-0.5, lambda_angle=1.0,
+            lambda_sphere=1.0, kernel=kernel,
         )
         out.sum().backward()
 
@@ -57,14 +67,16 @@ def attention_worker(path: str, length: int, device: str, heads: int, head_dim: 
         base = torch.cuda.memory_allocated()
     else:
         base = rss_bytes()
+    start = time.perf_counter()
     step()
     if device == "cuda":
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
     else:
         peak = peak_rss_growth(base)
+    if repeats == 0:  # the first call's time only (long padded points)
+        return {"ms": (time.perf_counter() - start) * 1e3, "peak_mib": max(peak, 0) / 2**20}
     start = time.perf_counter()
-    repeats = 3
     for _ in range(repeats):
         step()
     if device == "cuda":
@@ -120,6 +132,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    parser.add_argument("--padded-lengths", type=int, nargs="*", default=[16384])
+    parser.add_argument("--padded-only", action="store_true", help="only the padded-vs-unpadded points")
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--channels", type=int, default=4)
@@ -134,30 +148,31 @@ def main() -> None:
         print(json.dumps(result))
         return
 
+    padded_rows = []
+    for length in args.padded_lengths:
+        for path in ("sdpa", "sdpa-padded"):
+            spec = ["attention", path, length, args.device, args.heads, args.head_dim, args.channels, 0]
+            padded_rows.append({"L": length, "path": path, **run_worker(__file__, spec, timeout=3600)})
+            print(padded_rows[-1], flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    if padded_rows:
+        write_padded(padded_rows, args)
+    if args.padded_only:
+        return
+
     rows = []
     for length in args.lengths:
         for path in ("materialised", "sdpa"):
-            result = run_worker(
-                __file__, ["attention", path, length, args.device, args.heads, args.head_dim, args.channels]
-            )
-            rows.append({"L": length, "path": path, **result})
+            spec = ["attention", path, length, args.device, args.heads, args.head_dim, args.channels]
+            rows.append({"L": length, "path": path, **run_worker(__file__, spec)})
             print(rows[-1], flush=True)
     steps = run_worker(__file__, ["step", args.device, args.step_length, args.step_batch])
     if "error" in steps:
         steps = {"llama": steps, "zpx": steps}
     print(steps, flush=True)
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"zpx_memory_{args.device}"
-    with open(stem.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["L", "path", "ms", "peak_mib", "error"])
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({key: row.get(key, "") for key in writer.fieldnames})
-
-    def cell(row: dict, key: str, fmt: str) -> str:
-        return format(row[key], fmt) if key in row else f"failed ({row.get('error', '?')[:40]})"
-
+    write_csv(stem, rows)
     by = {(r["L"], r["path"]): r for r in rows}
     lines = [
         f"ZPX attention, forward + backward, B=1, H={args.heads}, d={args.head_dim}, C={args.channels}, fp32, "
@@ -188,6 +203,43 @@ def main() -> None:
             lines.append(f"| {name} | {result['params']:,} | {result['ms']:.1f} | {ratio:.2f}x |")
         else:
             lines.append(f"| {name} | - | failed ({result.get('error', '?')[:40]}) | - |")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def cell(row: dict, key: str, fmt: str) -> str:
+    return format(row[key], fmt) if key in row else f"failed ({row.get('error', '?')[:40]})"
+
+
+def write_csv(stem: Path, rows: list[dict]) -> None:
+    with open(stem.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["L", "path", "ms", "peak_mib", "error"])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({key: row.get(key, "") for key in writer.fieldnames})
+
+
+def write_padded(rows: list[dict], args: argparse.Namespace) -> None:
+    """zpx_memory_padded_<device>.md / .csv: the padded fast path's peak against the unpadded one."""
+    stem = RESULTS / f"zpx_memory_padded_{args.device}"
+    write_csv(stem, rows)
+    by = {(r["L"], r["path"]): r for r in rows}
+    lines = [
+        f"ZPX attention (kernel `cpu`), forward + backward, one call, B=1, H={args.heads}, d={args.head_dim}, "
+        f"C={args.channels}, fp32, causal, device={args.device}: no padding vs one left-padded key (a [1, L] "
+        "padding mask) (`python benchmarks/bench_zpx_memory.py --padded-only`; CPU peak = growth over the RSS "
+        "just before the call).",
+        "",
+        "| L | unpadded peak MiB | padded peak MiB | padded / unpadded peak | unpadded ms | padded ms |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for length in args.padded_lengths:
+        u, p = by[(length, "sdpa")], by[(length, "sdpa-padded")]
+        ratio = f"{p['peak_mib'] / max(u['peak_mib'], 1.0):.2f}x" if "peak_mib" in u and "peak_mib" in p else "-"
+        lines.append(
+            f"| {length} | {cell(u, 'peak_mib', '.0f')} | {cell(p, 'peak_mib', '.0f')} | {ratio} | "
+            f"{cell(u, 'ms', '.0f')} | {cell(p, 'ms', '.0f')} |"
+        )
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -218,8 +218,7 @@ def check_rra(rows: list[dict[str, Any]], quick: bool) -> None:
 def check_zpx(rows: list[dict[str, Any]], dtypes: list[Any]) -> None:
     import torch
 
-    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention_sdpa
-    from zpx_hf.ops_zpx_naive import zpx_attention_naive
+    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention
 
     batch, heads, length, dim, channels = (1, 2, 33, 64, 4) if SMOKE else (2, 4, 257, 64, 4)
     g = torch.Generator(device=DEVICE).manual_seed(0)
@@ -228,10 +227,10 @@ def check_zpx(rows: list[dict[str, Any]], dtypes: list[Any]) -> None:
     for x in (q, k, v, *pre):
         x.requires_grad_(True)
 
-    def run(op: Callable[..., Any]) -> Callable[..., Any]:
+    def run(kernel: str) -> Callable[..., Any]:
         def call(q: Any, k: Any, v: Any, a: Any, b: Any, c: Any) -> Any:
             features = phase_key_features(phase_coordinates(a, b, c, 4.0)).to(q.dtype)
-            return op(
+            return zpx_attention(
                 q,
                 torch.cat((k, features), -1),
                 v,
@@ -241,6 +240,7 @@ def check_zpx(rows: list[dict[str, Any]], dtypes: list[Any]) -> None:
                 scaling=dim**-0.5,
                 lambda_angle=1.0,
                 lambda_sphere=1.0,
+                kernel=kernel,
             )[0]
 
         return call
@@ -248,8 +248,8 @@ def check_zpx(rows: list[dict[str, Any]], dtypes: list[Any]) -> None:
     for dtype in dtypes:
         compare(
             f"zpx sdpa vs materialised L={length}",
-            run(zpx_attention_sdpa),
-            run(zpx_attention_naive),
+            run("cpu"),
+            run("naive"),
             [q, k, v, *pre],
             ["dq", "dk", "dv", "dlog_r", "dtheta", "db"],
             dtype,

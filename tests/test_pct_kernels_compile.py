@@ -9,17 +9,17 @@ BODY = """
 from zpx_hf import ops_pct_triton
 
 strides = ("sqb", "sqh", "sqm", "sqd", "skb", "skh", "skn", "skd", "svb", "svh", "svn", "svd", "sob", "soh",
-           "som", "sod", "s_kpm", "s_part", "H", "L_Q", "L_K", "D", "OFFSET")
+           "som", "sod", "s_kpm", "s_doc", "s_part", "H", "L_Q", "L_K", "D", "OFFSET")
 
 def types(dtype):
     t = {n: "*" + dtype for n in ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ")}
-    t.update({n: "*fp32" for n in ("TAU", "BIAS", "DTAU", "DBIAS")}, KPM="*i8")
+    t.update({n: "*fp32" for n in ("TAU", "BIAS", "DTAU", "DBIAS")}, KPM="*i8", DOC="*i32")
     t.update({n: "i32" for n in strides})
     return t
 
 # The default 64 x 64 tile at the largest head size (most shared memory), fp32 (ieee) and bf16.
 for dtype, precision in (("fp32", "ieee"), ("bf16", "tf32")):
-    flags = dict(CAUSAL=True, HAS_KPM=True, PRECISION=precision, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64)
+    flags = dict(CAUSAL=True, HAS_KPM=True, HAS_DOC=True, PRECISION=precision, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64)
     for kernel in (
         ops_pct_triton._pct_fwd_kernel,
         ops_pct_triton._pct_bwd_dkdv_kernel,

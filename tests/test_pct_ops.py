@@ -1,6 +1,8 @@
-"""PCT attention ops: naive vs a complex float64 formula, tiled and Triton (interpreter) vs naive on one
-grid, the dispatch, bf16 autocast, and ComplexLinear's fast paths (plain and under PEFT LoRA)."""
+"""PCT attention ops, every kernel through the one entry `pct_attention`: naive vs a complex float64 formula,
+cpu, decode and Triton (interpreter) vs naive on one grid, the dispatch, bf16 autocast, and ComplexLinear's
+fast paths (plain and under PEFT LoRA)."""
 
+import functools
 import math
 import subprocess
 import sys
@@ -8,12 +10,9 @@ import sys
 import pytest
 import torch
 
-from zpx_hf import ops_pct_tiled
+from zpx_hf import ops_pct, ops_pct_cpu
 from zpx_hf.modeling_complex import GAUSS_MIN_ROWS, ComplexLinear, complex_linear
 from zpx_hf.ops_pct import HAS_TRITON, PCT_KERNELS, pct_attention, pct_attention_weights, resolve_kernel
-from zpx_hf.ops_pct_naive import pct_attention_naive
-from zpx_hf.ops_pct_tiled import pct_attention_decode, pct_attention_tiled
-from zpx_hf.ops_pct_triton import pct_attention_triton
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 
@@ -22,6 +21,16 @@ GRID = [(1, 1, 1, 1, 2), (2, 3, 37, 37, 8), (2, 2, 5, 40, 6), (1, 2, 1, 33, 16),
 GRID_IDS = [f"B{b}-H{h}-Lq{lq}-Lk{lk}-D{d}" for b, h, lq, lk, d in GRID]
 MODES = {"causal": (True, False), "causal-padded": (True, True), "bidirectional-padded": (False, True)}
 NAMES = ("out", "dq", "dk", "dv", "dtau", "dbias")
+
+
+def kernel(name):
+    """`pct_attention` with `kernel=name` (every kernel is reached through the entry)."""
+    return functools.partial(pct_attention, kernel=name)
+
+
+pct_attention_naive = kernel("naive")
+pct_attention_cpu = kernel("cpu")
+pct_attention_triton = kernel("triton")
 
 
 def make_inputs(shape, padded, dtype=torch.float64, seed=0):
@@ -97,12 +106,12 @@ def test_naive_matches_complex_float64_formula(shape, mode):
 
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("shape", GRID, ids=GRID_IDS)
-def test_tiled_matches_naive_float64(shape, mode, monkeypatch):
-    monkeypatch.setattr(ops_pct_tiled, "PANEL_ROWS", 16)  # several panels at these lengths
+def test_cpu_matches_naive_float64(shape, mode, monkeypatch):
+    monkeypatch.setattr(ops_pct_cpu, "PANEL_ROWS", 16)  # several panels at these lengths
     causal, padded = MODES[mode]
     inputs, mask, grad = make_inputs(shape, padded, seed=1)
     assert_close_scaled(
-        run(pct_attention_tiled, inputs, mask, grad, causal),
+        run(pct_attention_cpu, inputs, mask, grad, causal),
         run(pct_attention_naive, inputs, mask, grad, causal),
         1e-12,
     )
@@ -111,7 +120,7 @@ def test_tiled_matches_naive_float64(shape, mode, monkeypatch):
 @pytest.mark.parametrize("numbers", [False, True], ids=["per-head", "python-numbers"])
 @pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
 def test_decode_branch_matches_naive_float64(padded, numbers):
-    """One query row (decoding): `pct_attention_decode` (also what the tiled entry point runs) equals the
+    """One query row (decoding): kernel `decode` (what "auto" runs for one row off CUDA) equals the
     reference, output and every gradient; Python-number tau and bias round to float32 as the reference's do."""
     inputs, mask, grad = make_inputs((2, 3, 1, 19, 8), padded, seed=3)
     q, k, v, tau, bias = inputs
@@ -120,7 +129,8 @@ def test_decode_branch_matches_naive_float64(padded, numbers):
         inputs = (q, k, v)
 
     def decode(q, k, v, *per_head, causal, key_padding_mask):
-        return pct_attention_decode(q, k, v, *(per_head or (tau, bias)), key_padding_mask)
+        assert ops_pct.resolve_kernel("auto", q) == "decode"
+        return pct_attention(q, k, v, *(per_head or (tau, bias)), key_padding_mask=key_padding_mask, kernel="decode")
 
     def naive(q, k, v, *per_head, causal, key_padding_mask):
         return pct_attention_naive(
@@ -146,7 +156,7 @@ def test_decode_branch_reads_python_numbers_as_the_reference(default, dtype):
         for tau, bias in ((2.0**0.5 * 3, -math.log(7)), (3, -2)):
             expected = pct_attention_naive(q, k, v, tau, bias, key_padding_mask=mask)
             torch.testing.assert_close(
-                pct_attention_decode(q, k, v, tau, bias, mask),
+                pct_attention(q, k, v, tau, bias, key_padding_mask=mask, kernel="decode"),
                 expected,
                 rtol=0,
                 atol=1e-12 if dtype == torch.float64 else 1e-6,
@@ -155,25 +165,26 @@ def test_decode_branch_reads_python_numbers_as_the_reference(default, dtype):
         torch.set_default_dtype(previous)
 
 
-def test_tiled_gradcheck_float64(monkeypatch):
-    monkeypatch.setattr(ops_pct_tiled, "PANEL_ROWS", 3)
+def test_cpu_gradcheck_float64(monkeypatch):
+    monkeypatch.setattr(ops_pct_cpu, "PANEL_ROWS", 3)
     inputs, mask, _ = make_inputs((2, 1, 4, 7, 4), padded=True, seed=2)
-    assert torch.autograd.gradcheck(lambda *a: pct_attention_tiled(*a, key_padding_mask=mask), inputs)
+    assert torch.autograd.gradcheck(lambda *a: pct_attention_cpu(*a, key_padding_mask=mask), inputs)
 
 
-def test_tiled_computes_only_visible_panels(monkeypatch):
+def test_cpu_computes_only_visible_panels(monkeypatch):
     """No pass holds more than PANEL_ROWS x Lk gates, and causal panels stop at their last visible key."""
-    monkeypatch.setattr(ops_pct_tiled, "PANEL_ROWS", 16)
+    monkeypatch.setattr(ops_pct_cpu, "PANEL_ROWS", 16)
     seen = []
-    original = ops_pct_tiled._panel_gates
+    original = ops_pct_cpu._panel_gates
 
-    def spy(q_scaled, key, bias_bh, start, end, keys, *args):
-        seen.append((end - start, keys))
-        return original(q_scaled, key, bias_bh, start, end, keys, *args)
+    def spy(q_scaled, key, bias_bh, block, *args):
+        start, end, lo, keys = block
+        seen.append((end - start, keys - lo))
+        return original(q_scaled, key, bias_bh, block, *args)
 
-    monkeypatch.setattr(ops_pct_tiled, "_panel_gates", spy)
+    monkeypatch.setattr(ops_pct_cpu, "_panel_gates", spy)
     inputs, mask, grad = make_inputs((1, 2, 50, 70, 8), padded=True, seed=3)
-    run(pct_attention_tiled, inputs, mask, grad, True)
+    run(pct_attention_cpu, inputs, mask, grad, True)
     # panels of rows [0,16) [16,32) [32,48) [48,50) see keys up to 36, 52, 68, 70; forward + backward
     assert seen == [(16, 36), (16, 52), (16, 68), (2, 70)] * 2
 
@@ -205,6 +216,8 @@ def test_masked_pairs_contribute_exactly_zero(kernel):
         pytest.skip("triton is not installed")
     inputs, mask, _ = make_inputs((2, 1, 40, 40, 16), padded=True, dtype=torch.float32)
     q, k, v, tau, bias = (t.detach() for t in inputs)
+    if kernel == "decode":  # one query row
+        q = q[:, :, -1:]
     out = pct_attention(q, k, v, tau, bias, key_padding_mask=mask, kernel=kernel)
     k2, v2 = k.clone(), v.clone()
     hidden = ~mask[:, None, :, None].expand_as(k)
@@ -222,16 +235,21 @@ def test_weights_are_the_naive_gates():
     )
 
 
-def test_dispatch_auto_is_tiled_on_cpu_and_unknown_kernel_fails():
+def test_dispatch_auto_is_cpu_on_cpu_and_unknown_kernel_fails():
     inputs, _, _ = make_inputs((1, 2, 4, 6, 8), padded=False)
-    assert resolve_kernel("auto", inputs[0]) == "tiled"
-    for kernel in ("naive", "tiled"):
-        assert resolve_kernel(kernel, inputs[0]) == kernel
-        torch.testing.assert_close(
-            pct_attention(*inputs, kernel=kernel), pct_attention_naive(*inputs), rtol=0, atol=1e-14
-        )
-    with pytest.raises(ValueError, match=r"`kernel`='flash'.*'naive', 'tiled', 'triton'"):
+    assert PCT_KERNELS == ("naive", "cpu", "triton", "decode")
+    assert resolve_kernel("auto", inputs[0]) == "cpu"
+    assert resolve_kernel("auto", inputs[0][:, :, -1:]) == "decode"  # one row: the decoding step, same entry
+    for name in ("naive", "cpu"):
+        assert resolve_kernel(name, inputs[0]) == name
+        expected = pct_attention_naive(*inputs)
+        torch.testing.assert_close(pct_attention(*inputs, kernel=name), expected, rtol=0, atol=1e-14)
+    with pytest.warns(FutureWarning, match="'tiled' is now called 'cpu'"):  # the earlier name still works
+        torch.testing.assert_close(pct_attention(*inputs, kernel="tiled"), pct_attention_cpu(*inputs), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"`kernel`='flash'.*'naive', 'cpu', 'triton', 'decode'"):
         pct_attention(*inputs, kernel="flash")
+    with pytest.raises(ValueError, match="'decode' takes one query row"):
+        pct_attention(*inputs, kernel="decode")
 
 
 def test_bad_inputs_name_the_argument():
@@ -246,7 +264,7 @@ def test_bad_inputs_name_the_argument():
         pct_attention(q, q, q[..., :4], 1.0, 0.0)
 
 
-@pytest.mark.parametrize("kernel", ["naive", "tiled"])
+@pytest.mark.parametrize("kernel", ["naive", "cpu"])
 def test_bf16_autocast_stays_within_bound_of_fp32(kernel):
     """Under CPU bf16 autocast with bf16 q, k, v (what autocast linears give) the gates are computed in
     float32: out and every gradient differ from fp32 by the bf16 rounding of the inputs only, bounded here
@@ -286,7 +304,7 @@ def test_triton_cuda_half_precision(dtype, length):
     inputs, mask, grad = make_inputs((2, 4, length, length, 128), padded=True, dtype=dtype)
     inputs = tuple(t.detach().cuda().requires_grad_() for t in inputs)
     mask, grad = mask.cuda(), grad.cuda()
-    expected = run(pct_attention_tiled, tuple(t.detach().float().requires_grad_() for t in inputs), mask, grad, True)
+    expected = run(pct_attention_cpu, tuple(t.detach().float().requires_grad_() for t in inputs), mask, grad, True)
     assert_close_scaled(run(pct_attention, inputs, mask, grad, True), expected, 2e-2)
 
 

@@ -131,7 +131,8 @@ def test_eager_and_sdpa_agree_forward_and_gradients(causal, length):
 
 def test_sdpa_score_is_exactly_the_formula():
     """q^.k^ reproduces S_ij term by term (the identity behind the fast path)."""
-    from zpx_hf.ops_zpx import augment_query, phase_coordinates, phase_key_features
+    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features
+    from zpx_hf.ops_zpx_cpu import augment_query
 
     torch.manual_seed(3)
     b, h, l, d, c = 1, 2, 5, 8, 3
@@ -155,8 +156,7 @@ def test_sdpa_score_is_exactly_the_formula():
 @pytest.mark.parametrize("padded", [False, True])
 def test_single_query_branch_equals_reference(padded):
     """One query (cached decoding) takes two bmm calls with v at its own head dim: the reference's numbers."""
-    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention_sdpa
-    from zpx_hf.ops_zpx_naive import zpx_attention_naive
+    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, resolve_kernel, zpx_attention
 
     torch.manual_seed(4)
     b, h, k_len, d, dv, c = 2, 3, 9, 8, 6, 4
@@ -170,8 +170,9 @@ def test_single_query_branch_equals_reference(padded):
         padding[0, :3] = False
     kwargs = dict(causal=True, scaling=d**-0.5, lambda_angle=0.6, lambda_sphere=1.7)
     args = (query, torch.cat((key, features), -1), value, features[:, :, -1:], padding if padded else None)
-    fast, _ = zpx_attention_sdpa(*args, **kwargs)
-    reference, _ = zpx_attention_naive(*args, **kwargs)
+    assert resolve_kernel("auto", query) == "decode"
+    fast, _ = zpx_attention(*args, **kwargs)
+    reference, _ = zpx_attention(*args, **kwargs, kernel="naive")
     assert fast.shape == (b, 1, h, dv)
     torch.testing.assert_close(fast, reference, rtol=1e-10, atol=1e-12)
 

@@ -54,6 +54,13 @@ class DataArguments:
     passkey_digits: int = field(default=5, metadata={"help": "Digits of the pass key."})
     selective_copy_num_tokens: int = field(default=8, metadata={"help": "Tokens to copy."})
     selective_copy_num_positions: int = field(default=32, metadata={"help": "Noise slots holding the tokens."})
+    packing: bool = field(
+        default=False,
+        metadata={
+            "help": "Pack training rows: whole documents and task examples share rows of seq_len tokens with "
+            "position_ids restarting at each one, so no token attends to another document (no padding)."
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -282,11 +289,56 @@ def build_datasets(data: DataArguments) -> dict[str, Any]:
             f"{data.eval_examples_per_task} eval examples"
         )
     train = concatenate_datasets([part.select_columns(COLUMNS) for part in parts])
+    if data.packing:
+        examples = len(train)
+        train = pack_rows(train, data.seq_len)
+        descriptions.append(
+            f"packed: {examples} training rows repacked into {len(train)} rows of {data.seq_len} tokens, position_ids "
+            "restarting at every document and example (no attention across them)"
+        )
     if heldout is not None:
         eval_sets: Any = heldout
     else:
         eval_sets = {name: dataset.select_columns(COLUMNS) for name, dataset in tasks.items()} or None
     return {"train": train, "heldout": heldout, "tasks": tasks, "eval": eval_sets, "description": descriptions}
+
+
+def pack_rows(train: Any, seq_len: int) -> Any:
+    """Training rows repacked (`data.packing`): each row's documents (text blocks split at every `<s>`; a task
+    example's real tokens) placed whole, in order, into rows of `seq_len` tokens with `position_ids` restarting
+    at each. A document's first label is ignored (nothing predicts across a boundary); a row's unused tail is
+    one more document of padding with ignored labels, so rows need no padding mask (the model reads documents
+    from restarting positions only when nothing is padded)."""
+    from datasets import Dataset
+
+    from zpx_hf.data_tasks import IGNORE_INDEX
+    from zpx_hf.tokenization_bytes import BOS_ID, PAD_ID
+
+    rows: dict[str, list[list[int]]] = {"input_ids": [], "labels": [], "position_ids": [], "attention_mask": []}
+    current: dict[str, list[int]] = {"input_ids": [], "labels": [], "position_ids": []}
+
+    def close_row() -> None:
+        tail = seq_len - len(current["input_ids"])
+        if not current["input_ids"]:
+            return
+        rows["input_ids"].append(current["input_ids"] + [PAD_ID] * tail)
+        rows["labels"].append(current["labels"] + [IGNORE_INDEX] * tail)
+        rows["position_ids"].append(current["position_ids"] + list(range(tail)))
+        rows["attention_mask"].append([1] * seq_len)
+        for values in current.values():
+            values.clear()
+
+    for ids, mask, labels in zip(train["input_ids"], train["attention_mask"], train["labels"]):
+        real = [index for index, keep in enumerate(mask) if keep]
+        starts = [i for i in real if ids[i] == BOS_ID and i != real[0]] if real else []
+        for begin, end in zip([real[0]] + starts if real else [], starts + [real[-1] + 1] if real else []):
+            if len(current["input_ids"]) + end - begin > seq_len:
+                close_row()
+            current["input_ids"] += ids[begin:end]
+            current["labels"] += [IGNORE_INDEX] + labels[begin + 1 : end]
+            current["position_ids"] += list(range(end - begin))
+    close_row()
+    return Dataset.from_dict(rows)
 
 
 def dataset_tags(data: DataArguments) -> list[str]:
@@ -309,6 +361,7 @@ __all__ = [
     "build_datasets",
     "check_local_source",
     "dataset_tags",
+    "pack_rows",
     "load_text_documents",
     "source_name",
     "validate_data_args",

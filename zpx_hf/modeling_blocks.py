@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .ops_common import constant_tables, upcast, visible_keys  # noqa: F401  (re-exported: shared with ops)
 
 try:  # transformers >= 5: init helpers that respect weights already loaded by `from_pretrained`
     from transformers import initialization as hf_init
@@ -117,31 +118,6 @@ def stacked_linear(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> torch.Ten
     if bias is not None:
         out = out.add_(bias)  # (an `addmm` reads the matrix more slowly here)
     return out.view(*x.shape[:-1], weight_t.shape[1])
-
-
-def constant_tables(build: Callable[..., Any]) -> Callable[..., Any]:
-    """`build(*args)` (constant tensors that depend on hashable arguments only, never on parameters) kept per
-    arguments in eager mode: small decoding steps pay per op, and a CUDA constant would be a host-to-device copy
-    per call. Traced fresh inside compiled graphs; built outside inference mode so the kept tensors are normal."""
-    kept: dict[tuple, Any] = {}
-
-    @functools.wraps(build)
-    def tables(*args: Any) -> Any:
-        if torch.compiler.is_compiling():
-            return build(*args)
-        if args not in kept:  # a hit skips the inference-mode switch (~10 us, the cost of several small ops)
-            if len(kept) >= 64:
-                kept.clear()
-            with torch.inference_mode(False):
-                kept[args] = build(*args)
-        return kept[args]
-
-    return tables
-
-
-def upcast(x: torch.Tensor) -> torch.Tensor:
-    """x in at least float32: half precisions are raised, float64 stays exact (for float64 references)."""
-    return x if x.dtype in (torch.float32, torch.float64) else x.float()  # no dispatch when nothing changes
 
 
 class RMSNorm(nn.Module):
@@ -318,52 +294,6 @@ def default_position_ids(
         positions = positions.clamp(min=0)
         return positions[:, past_length : past_length + length].to(device)
     return torch.arange(past_length, past_length + length, device=device)[None]
-
-
-def visible_keys(
-    q_len: int, k_len: int, causal: bool, key_padding_mask: torch.Tensor | None, device: torch.device
-) -> torch.Tensor | None:
-    """Bool [B|1, 1, Lq, Lk], True where query i (absolute position Lk - Lq + i) may see key j; None = all."""
-    visible = None
-    if causal and q_len > 1:  # a single query is the last position: it sees every key
-        q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
-        visible = (torch.arange(k_len, device=device)[None, :] <= q_pos)[None, None]
-    if key_padding_mask is not None:
-        keys = key_padding_mask.to(device=device, dtype=torch.bool)[:, None, None, :]
-        visible = keys if visible is None else visible & keys
-    return visible
-
-
-def build_attention_mask(
-    padding_mask: torch.Tensor | None,
-    batch: int,
-    q_len: int,
-    kv_len: int,
-    causal: bool,
-    device: torch.device,
-    always: bool = False,
-) -> torch.Tensor | None:
-    """Boolean softmax mask [B, 1, q_len, kv_len] (True = may attend) from `visible_keys`.
-
-    Returns `None` when no mask is needed and `always` is False: no padding and either bidirectional
-    attention or a causal square block (which SDPA handles with `is_causal`) or a single query. Query rows
-    with no visible key (left-padding rows) are opened to all keys so that softmax never sees an empty row;
-    those outputs are padding anyway.
-    """
-    if not always and padding_mask is None and (not causal or q_len == kv_len or q_len == 1):
-        return None
-    visible = visible_keys(q_len, kv_len, causal, padding_mask, device)
-    mask = torch.ones(batch, 1, q_len, kv_len, dtype=torch.bool, device=device)
-    if visible is not None:
-        mask = mask & visible
-    if padding_mask is not None:
-        mask = mask | ~mask.any(dim=-1, keepdim=True)
-    return mask
-
-
-def uses_is_causal(mask: torch.Tensor | None, causal: bool, q_len: int) -> bool:
-    """Whether SDPA must apply its own causal masking (see `build_attention_mask`)."""
-    return mask is None and causal and q_len > 1
 
 
 def pool_last_token(

@@ -35,6 +35,11 @@ from .modeling_blocks import (
     pop_cache_kwarg,
 )
 from .modeling_cache import grow_dynamic_layers
+from .ops_common import document_ids_from_cu_seq_lens, document_ids_from_position_ids, document_positions
+
+# Keyword arguments of padding-free collators (flash-attention's varlen form, TRL's `seq_idx`); the backbone
+# reads documents from `cu_seq_lens_*` and drops the rest (every mixer takes `document_ids` instead).
+PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 # The attention implementations every family offers through `attn_implementation`.
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -79,6 +84,37 @@ def trim_static_cache(
     if kv_length is None or key.shape[-2] == kv_length:
         return key, value
     return key[..., :kv_length, :], value[..., :kv_length, :]
+
+
+def packed_document_ids(
+    position_ids: torch.Tensor | None,
+    padding_mask: torch.Tensor | None,
+    packing: dict[str, Any],
+    batch: int,
+    length: int,
+    past_length: int,
+) -> torch.Tensor | None:
+    """[B, L] document ids of packed rows, or None (each row one document).
+
+    From `cu_seq_lens_q` / `cu_seq_lens_k` when given (they win), else from `position_ids` restarting at 0,
+    read only when no padding mask is given (left padding also restarts positions; transformers' rule)."""
+    cu_q, cu_k = packing.get("cu_seq_lens_q"), packing.get("cu_seq_lens_k")
+    if cu_q is not None and cu_k is not None and not torch.equal(cu_q.flatten(), cu_k.flatten()):
+        raise ValueError("`cu_seq_lens_q` and `cu_seq_lens_k` differ: packed self-attention needs one document set.")
+    cu = cu_q if cu_q is not None else cu_k
+    document_ids = None
+    if cu is not None:
+        document_ids = document_ids_from_cu_seq_lens(cu, batch, length)
+    elif position_ids is not None and padding_mask is None and not torch.compiler.is_compiling():
+        document_ids = document_ids_from_position_ids(position_ids)
+    if document_ids is None:
+        return None
+    if past_length > 0:
+        raise ValueError(
+            f"packed documents (position_ids restarting at 0, or cu_seq_lens) cannot continue a cache of "
+            f"{past_length} tokens: pass packed rows without `past_key_values`, or one document per row."
+        )
+    return document_ids.to(torch.long).expand(batch, length)
 
 
 class GeometricPreTrainedModel(PreTrainedModel):
@@ -142,7 +178,8 @@ class GeometricDecoderLayer(GradientCheckpointingLayer):
 
     A family's layer builds `input_layernorm`, `post_attention_layernorm`, `mlp` and its mixer, and names
     the mixer's attribute in `mixer_name` (ZPX and PCT: `self_attn`; Versor: `mixer`, the names its
-    checkpoints hold). The mixer returns `(output, attention weights or None, per-layer extra or None)`.
+    checkpoints hold). The mixer returns `(output, attention weights or None, per-layer extra or None)`;
+    packed rows add `document_ids` [B, L] (passed only when given).
     """
 
     mixer_name = "self_attn"
@@ -155,8 +192,10 @@ class GeometricDecoderLayer(GradientCheckpointingLayer):
         past_key_values: Any = None,
         output_attentions: bool = False,
         kv_length: int | None = None,
+        document_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
         residual = hidden_states
+        packed = {} if document_ids is None else {"document_ids": document_ids}
         mixed, weights, extra = getattr(self, self.mixer_name)(
             self.input_layernorm(hidden_states),
             position_embeddings=position_embeddings,
@@ -164,6 +203,7 @@ class GeometricDecoderLayer(GradientCheckpointingLayer):
             past_key_values=past_key_values,
             output_attentions=output_attentions,
             kv_length=kv_length,
+            **packed,
         )
         hidden_states = residual + mixed
         hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
@@ -200,7 +240,8 @@ class GeometricModel(GeometricPreTrainedModel):
         return None
 
     def extra_outputs(self, extras: list[Any], token_mask: torch.Tensor | None, **kwargs: Any) -> dict[str, Any]:
-        """Fields added to the output from the mixers' per-layer extras (none by default)."""
+        """Fields added to the output from the mixers' per-layer extras (none by default); `document_ids` [B, L]
+        of packed rows (or None) comes in `kwargs`."""
         return {}
 
     def forward(
@@ -217,6 +258,7 @@ class GeometricModel(GeometricPreTrainedModel):
         **kwargs: Any,
     ) -> Any:
         past_key_values = pop_cache_kwarg(past_key_values, kwargs)
+        packing = {key: kwargs.pop(key) for key in PACKING_KWARGS if key in kwargs}
         output_attentions, output_hidden_states, return_dict, use_cache = resolve_forward_flags(
             self, output_attentions, output_hidden_states, return_dict, use_cache
         )
@@ -246,6 +288,12 @@ class GeometricModel(GeometricPreTrainedModel):
         padding_mask = None
         if attention_mask is not None and (torch.compiler.is_compiling() or not bool(attention_mask.all())):
             padding_mask = attention_mask.to(device=inputs_embeds.device, dtype=torch.bool)
+        # Packed rows: documents found once here, handed to every mixer; positions restart per document.
+        document_ids = packed_document_ids(
+            position_ids, padding_mask, packing, inputs_embeds.shape[0], length, past_length
+        )
+        if position_ids is None and document_ids is not None:
+            position_ids = document_positions(document_ids)
         if position_ids is None:  # an all-ones mask counts the same positions as none
             position_ids = default_position_ids(padding_mask, past_length, length, inputs_embeds.device)
         position_embeddings = self.position_embeddings(inputs_embeds, position_ids)
@@ -264,6 +312,7 @@ class GeometricModel(GeometricPreTrainedModel):
                 past_key_values=past_key_values,
                 output_attentions=output_attentions,
                 kv_length=past_length + length,
+                document_ids=document_ids,
             )
             extras.append(extra)
             if output_attentions:
@@ -277,7 +326,7 @@ class GeometricModel(GeometricPreTrainedModel):
             last_hidden_state=hidden_states,
             hidden_states=all_hidden_states,
             attentions=all_attentions,
-            **self.extra_outputs(extras, token_mask, **kwargs),
+            **self.extra_outputs(extras, token_mask, document_ids=document_ids, **kwargs),
             **{CACHE_FIELD: past_key_values if use_cache else None},
         )
         return output if return_dict else output.to_tuple()
@@ -504,6 +553,7 @@ __all__ = [
     "attention_implementation",
     "resolve_forward_flags",
     "trim_static_cache",
+    "packed_document_ids",
     "GeometricPreTrainedModel",
     "GeometricDecoderLayer",
     "GeometricModel",

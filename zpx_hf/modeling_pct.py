@@ -16,8 +16,9 @@ Attention per head, complex head dim d = head_dim / 2:
 The KV cache stores k' (normalised and rotated) and v, both [re | im]. The LM head and the
 sequence-classification head are real linear maps on `[re | im]` (with tied embeddings the logit
 of token v is Re sum_m conj(e_vm) z_m). Backbone and heads are the shared ones of `modeling_common.py`;
-attention runs through the model-local `ALL_ATTENTION_FUNCTIONS`: `"eager"` is the materialised formula
-(`ops_pct_naive.py`), `"sdpa"` the fast path (Triton on CUDA, the tiled PyTorch path elsewhere).
+attention runs through the model-local `ALL_ATTENTION_FUNCTIONS` into the op's one entry (`ops_pct.py`):
+`"eager"` materialises the gates (`pct_attention_weights`), `"sdpa"` runs `pct_attention(kernel="auto")`
+(Triton on CUDA, the memory-lean PyTorch path or its one-token step elsewhere).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_utils import AttentionInterface
 
 from .configuration_pct import PCTConfig
-from .modeling_blocks import hf_init, init_bias_log_context, upcast
+from .modeling_blocks import hf_init, init_bias_log_context
 from .modeling_common import (
     ForCausalLMHead,
     ForSequenceClassificationHead,
@@ -41,9 +42,8 @@ from .modeling_common import (
     trim_static_cache,
 )
 from .modeling_complex import ComplexEmbedding, ComplexLinear, ComplexRMSNorm, ModReLU, complex_linear
-from .ops_pct import pct_attention, pct_attention_weights, resolve_kernel
-from .ops_pct_naive import autocast_off
-from .ops_pct_tiled import pct_attention_decode
+from .ops_common import autocast_off, upcast
+from .ops_pct import pct_attention, pct_attention_weights
 from .rotary_srpe import build_rotary
 
 
@@ -56,11 +56,14 @@ def pct_attention_eager(
     *,
     causal: bool,
     key_padding_mask: torch.Tensor | None,
+    document_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The readable path (`ops_pct_naive`'s formula): the gates a_ij materialised once, out = a v; the gates are
     returned as the attention weights, the very tensor the output is computed from (as transformers' eager
     paths return theirs), so gradients reach them."""
-    weights = pct_attention_weights(query, key, tau, bias, causal=causal, key_padding_mask=key_padding_mask)
+    weights = pct_attention_weights(
+        query, key, tau, bias, causal=causal, key_padding_mask=key_padding_mask, document_ids=document_ids
+    )
     with autocast_off(query):
         output = (weights @ value.to(weights.dtype)).to(query.dtype)
     return output, weights
@@ -75,14 +78,20 @@ def pct_attention_sdpa(
     *,
     causal: bool,
     key_padding_mask: torch.Tensor | None,
+    document_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, None]:
-    """The fast path: Triton on CUDA, the memory-lean tiled PyTorch path elsewhere; no L x L tensor. One query
-    row off CUDA (decoding): `pct_attention_decode` directly, without the entry point's checks (shapes here are
-    the model's own)."""
-    if query.shape[2] == 1 and resolve_kernel("auto", query) == "tiled":
-        return pct_attention_decode(query, key, value, tau, bias, key_padding_mask), None
+    """The fast path, the entry's "auto" choice (Triton on CUDA, else the panel path or, for one query row, the
+    decoding step); no L x L tensor."""
     output = pct_attention(
-        query, key, value, tau, bias, causal=causal, key_padding_mask=key_padding_mask, kernel="auto"
+        query,
+        key,
+        value,
+        tau,
+        bias,
+        causal=causal,
+        key_padding_mask=key_padding_mask,
+        document_ids=document_ids,
+        kernel="auto",
     )
     return output, None
 
@@ -232,6 +241,7 @@ class PCTAttention(nn.Module):
         past_key_values: Cache | None = None,
         output_attentions: bool = False,
         kv_length: int | None = None,
+        document_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
         projections = (self.q_proj, self.k_proj, self.v_proj)
         if all(projection.plain() for projection in projections):
@@ -255,6 +265,7 @@ class PCTAttention(nn.Module):
             self.gate_bias,
             causal=self.is_causal,
             key_padding_mask=padding_mask,
+            document_ids=document_ids,
         )
         return self.o_proj(self._merge_heads(output)), weights, None
 

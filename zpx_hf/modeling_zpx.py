@@ -2,12 +2,14 @@
 
 The family contributes its config, `ZPXAttention` (phase encoder + angle-sphere attention) and its
 outputs (`phases`, `center_loss`); the backbone and heads are the shared ones of `modeling_common.py`.
-Attention runs through the model-local `ALL_ATTENTION_FUNCTIONS`: `"eager"` is the term-by-term formula
-(`ops_zpx_naive.py`), `"sdpa"` the exact augmented-head-dim form (`ops_zpx.py`).
+Attention runs through the model-local `ALL_ATTENTION_FUNCTIONS` into the op's one entry `ops_zpx.zpx_attention`:
+`"eager"` runs its `naive` kernel (the term-by-term formula), `"sdpa"` its `"auto"` choice (the exact
+augmented-head-dim SDPA form, or the one-token `decode` step).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,14 +45,14 @@ from .ops_zpx import (
     phase_from_stacked,
     phase_key_features,
     phase_tensor,
-    zpx_attention_sdpa,
+    zpx_attention,
 )
-from .ops_zpx_naive import zpx_attention_naive
 from .rotary_srpe import apply_rotary, build_rotary
 
-# Model-local registry: "eager" falls back to the reference passed to `get_interface`.
+# Model-local registry into the op's entry: "eager" falls back to the reference passed to `get_interface`.
+zpx_attention_eager = functools.partial(zpx_attention, kernel="naive")
 ALL_ATTENTION_FUNCTIONS = AttentionInterface()
-ALL_ATTENTION_FUNCTIONS["sdpa"] = zpx_attention_sdpa
+ALL_ATTENTION_FUNCTIONS["sdpa"] = functools.partial(zpx_attention, kernel="auto")
 
 
 @dataclass
@@ -144,6 +146,7 @@ class ZPXAttention(nn.Module):
         past_key_values: Cache | None = None,
         output_attentions: bool = False,
         kv_length: int | None = None,
+        document_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, PhaseState]:
         batch, length = hidden_states.shape[:2]
         hidden_shape = (batch, length, -1, self.head_dim)
@@ -175,7 +178,7 @@ class ZPXAttention(nn.Module):
             key_aug, value = trim_static_cache(key_aug, value, kv_length)
 
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-            attention_implementation(self.config, output_attentions), zpx_attention_naive
+            attention_implementation(self.config, output_attentions), zpx_attention_eager
         )
         output, weights = attention_interface(
             query,
@@ -188,6 +191,7 @@ class ZPXAttention(nn.Module):
             lambda_angle=self.lambda_angle,
             lambda_sphere=self.lambda_sphere,
             dropout=self.attention_dropout if self.training else 0.0,
+            document_ids=document_ids,
         )
         output = output.reshape(batch, length, -1)
         projected = kept_linear(output, (self.o_proj,))  # decoding on CPU (see `kept_linear`)
@@ -246,12 +250,16 @@ class ZPXModel(GeometricModel, ZPXPreTrainedModel):
         extras: list[PhaseState],
         token_mask: torch.Tensor | None,
         output_phases: bool | None = None,
+        document_ids: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        # The centre term costs a reduction per layer: only computed when it is used or asked for.
+        # The centre term costs a reduction per layer: only computed when it is used or asked for; packed rows
+        # sum it per document.
         center_loss = None
         if output_phases or self.config.center_loss_weight > 0:
-            center_loss = sum(center_cancellation_loss(phase, token_mask) for phase in extras) / len(extras)
+            center_loss = sum(
+                center_cancellation_loss(phase, token_mask, document_ids=document_ids) for phase in extras
+            ) / len(extras)
         phases = None
         if output_phases:  # [B, L, H, C, 7]
             phases = tuple(phase_tensor(phase) for phase in extras)

@@ -1,38 +1,21 @@
-"""PCT sigmoid attention as fused Triton kernels (flash-style, forward and backward), same function as
-`ops_pct_naive.pct_attention_naive`.
+"""PCT sigmoid attention as fused Triton kernels (kernel `triton`; flash-style, forward and backward), same
+function as `ops_pct_naive.pct_attention_naive`, packed rows included (a pair counts only inside one document).
 
 Three kernels, float32 accumulation, causal tiles above the diagonal never visited:
 forward (out = a V per query tile); dk/dv per key tile; dq per query tile with the per-tile partial
 sums of dtau = sum ds raw and db = sum ds (reduced by the wrapper). With dP = dO V^T and
 ds = dP a (1 - a): dq = tau ds K, dk = tau ds^T Q, dv = a^T dO. fp32/fp16/bf16 on CUDA; on CPU only
 under TRITON_INTERPRET=1 (set before import; tests). `triton` is optional: without it this module
-imports and `HAS_TRITON` is False.
+imports and `HAS_TRITON` is False. Inputs come checked from the entry (`ops_pct.pct_attention`).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from .ops_pct_naive import prepare_inputs
-
-try:  # optional: the remote-code copy of this file must import without triton
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover - exercised where triton is absent
-    triton = None
-    tl = None
-    HAS_TRITON = False
+from .ops_common import HAS_TRITON, tl, triton, triton_interpreting
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def triton_interpreting() -> bool:
-    """True when Triton runs through its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 if HAS_TRITON:
@@ -46,29 +29,34 @@ if HAS_TRITON:
             for bm, bn, w, s in ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 128, 8, 2), (32, 32, 4, 2))
         ]
 
-    _AUTOTUNE_KEY = ["BLOCK_D", "CAUSAL", "HAS_KPM"]
+    _AUTOTUNE_KEY = ["BLOCK_D", "CAUSAL", "HAS_KPM", "HAS_DOC"]
 
     # Grids are (B*H, tiles): B*H on axis 0 because CUDA caps grid axes 1 and 2 at 65535.
 
     @triton.jit
     def _visible_tile(
-        offs_m, offs_n, b, kpm_ptr, stride_kpm, l_q, l_k, offset, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr
-    ):
+        offs_m, offs_n, b, kpm_ptr, stride_kpm, doc_ptr, stride_doc, l_q, l_k, offset,
+        CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr,
+    ):  # fmt: skip
         valid = (offs_m[:, None] < l_q) & (offs_n[None, :] < l_k)
         if CAUSAL:
             valid = valid & (offs_n[None, :] <= offs_m[:, None] + offset)
         if HAS_KPM:
             keep = tl.load(kpm_ptr + b * stride_kpm + offs_n, mask=offs_n < l_k, other=0)
             valid = valid & (keep[None, :] != 0)
+        if HAS_DOC:  # packed rows: query (position offset + m) and key in one document
+            doc_q = tl.load(doc_ptr + b * stride_doc + offs_m + offset, mask=offs_m < l_q, other=-1)
+            doc_k = tl.load(doc_ptr + b * stride_doc + offs_n, mask=offs_n < l_k, other=-2)
+            valid = valid & (doc_q[:, None] == doc_k[None, :])
         return valid
 
     @triton.autotune(configs=_configs(), key=_AUTOTUNE_KEY)
     @triton.jit
     def _pct_fwd_kernel(
-        Q, K, V, O, TAU, BIAS, KPM,
-        sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod, s_kpm,
+        Q, K, V, O, TAU, BIAS, KPM, DOC,
+        sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod, s_kpm, s_doc,
         H, L_Q, L_K, D, OFFSET,
-        CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, PRECISION: tl.constexpr,
+        CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):  # fmt: skip
         pid_bh = tl.program_id(0)
@@ -96,7 +84,9 @@ if HAS_TRITON:
             v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_mask, other=0.0)
             raw = tl.dot(q, tl.trans(k), input_precision=PRECISION)
             gate = tl.sigmoid(raw * tau + bias)
-            valid = _visible_tile(offs_m, offs_n, b, KPM, s_kpm, L_Q, L_K, OFFSET, CAUSAL, HAS_KPM)
+            valid = _visible_tile(
+                offs_m, offs_n, b, KPM, s_kpm, DOC, s_doc, L_Q, L_K, OFFSET, CAUSAL, HAS_KPM, HAS_DOC
+            )
             gate = tl.where(valid, gate, 0.0)
             acc += tl.dot(gate.to(v.dtype), v, input_precision=PRECISION)
         tl.store(
@@ -108,10 +98,10 @@ if HAS_TRITON:
     @triton.autotune(configs=_configs(), key=_AUTOTUNE_KEY)
     @triton.jit
     def _pct_bwd_dkdv_kernel(
-        Q, K, V, DO, DK, DV, TAU, BIAS, KPM,
-        sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, s_kpm,
+        Q, K, V, DO, DK, DV, TAU, BIAS, KPM, DOC,
+        sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, s_kpm, s_doc,
         H, L_Q, L_K, D, OFFSET,
-        CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, PRECISION: tl.constexpr,
+        CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):  # fmt: skip
         # Q, DO share strides (sq*); K, V, DK, DV share strides (sk*, sv*): the wrapper makes them contiguous.
@@ -142,7 +132,9 @@ if HAS_TRITON:
             do = tl.load(DO + q_ptrs, mask=q_mask, other=0.0)
             raw = tl.dot(q, tl.trans(k), input_precision=PRECISION)
             gate = tl.sigmoid(raw * tau + bias)
-            valid = _visible_tile(offs_m, offs_n, b, KPM, s_kpm, L_Q, L_K, OFFSET, CAUSAL, HAS_KPM)
+            valid = _visible_tile(
+                offs_m, offs_n, b, KPM, s_kpm, DOC, s_doc, L_Q, L_K, OFFSET, CAUSAL, HAS_KPM, HAS_DOC
+            )
             gate = tl.where(valid, gate, 0.0)
             dv += tl.dot(tl.trans(gate.to(do.dtype)), do, input_precision=PRECISION)
             dgate = tl.dot(do, tl.trans(v), input_precision=PRECISION)
@@ -154,10 +146,10 @@ if HAS_TRITON:
     @triton.autotune(configs=_configs(), key=_AUTOTUNE_KEY, reset_to_zero=["DTAU", "DBIAS"])
     @triton.jit
     def _pct_bwd_dq_kernel(
-        Q, K, V, DO, DQ, TAU, BIAS, KPM, DTAU, DBIAS,
-        sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, s_kpm, s_part,
+        Q, K, V, DO, DQ, TAU, BIAS, KPM, DOC, DTAU, DBIAS,
+        sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, s_kpm, s_doc, s_part,
         H, L_Q, L_K, D, OFFSET,
-        CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, PRECISION: tl.constexpr,
+        CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):  # fmt: skip
         # DTAU/DBIAS: per (b h, query tile) partial sums of ds raw and ds, reduced by the wrapper.
@@ -187,7 +179,9 @@ if HAS_TRITON:
             v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_mask, other=0.0)
             raw = tl.dot(q, tl.trans(k), input_precision=PRECISION)
             gate = tl.sigmoid(raw * tau + bias)
-            valid = _visible_tile(offs_m, offs_n, b, KPM, s_kpm, L_Q, L_K, OFFSET, CAUSAL, HAS_KPM)
+            valid = _visible_tile(
+                offs_m, offs_n, b, KPM, s_kpm, DOC, s_doc, L_Q, L_K, OFFSET, CAUSAL, HAS_KPM, HAS_DOC
+            )
             gate = tl.where(valid, gate, 0.0)
             dgate = tl.dot(do, tl.trans(v), input_precision=PRECISION)
             ds = dgate * gate * (1.0 - gate)
@@ -198,55 +192,62 @@ if HAS_TRITON:
         tl.store(DTAU + pid_bh * s_part + pid_m, tl.sum(dtau, axis=0))
         tl.store(DBIAS + pid_bh * s_part + pid_m, tl.sum(dbias, axis=0))
 
+    def _row_pointers(q: torch.Tensor, key_padding_mask, document_ids) -> tuple:
+        """(mask, its row stride, document ids, their row stride); an absent one is a dummy pointer, stride 0."""
+        kpm = key_padding_mask if key_padding_mask is not None else q
+        doc = document_ids if document_ids is not None else q
+        s_kpm = key_padding_mask.stride(0) if key_padding_mask is not None else 0
+        s_doc = document_ids.stride(0) if document_ids is not None else 0
+        return kpm, s_kpm, doc, s_doc
+
     _MIN_BLOCK_M = 32  # smallest BLOCK_M among the configs: sizes the partial-sum buffers
 
-    def _launch_meta(query: torch.Tensor, causal: bool, key_padding_mask) -> dict:
+    def _launch_meta(query: torch.Tensor, causal: bool, key_padding_mask, document_ids) -> dict:
         return {
             "CAUSAL": bool(causal),
             "HAS_KPM": key_padding_mask is not None,
+            "HAS_DOC": document_ids is not None,
             "PRECISION": "ieee" if query.dtype == torch.float32 else "tf32",
             "BLOCK_D": max(16, triton.next_power_of_2(query.shape[-1])),
         }
 
     class _PCTAttentionTriton(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, query, key, value, tau, bias, key_padding_mask, causal):
+        def forward(ctx, query, key, value, tau, bias, key_padding_mask, document_ids, causal):
             q, k, v = query.contiguous(), key.contiguous(), value.contiguous()
             batch, heads, l_q, dim = q.shape
             l_k = k.shape[2]
             out = torch.empty_like(q)
-            kpm = key_padding_mask if key_padding_mask is not None else q
-            s_kpm = key_padding_mask.stride(0) if key_padding_mask is not None else 0
-            meta = _launch_meta(q, causal, key_padding_mask)
+            kpm, s_kpm, doc, s_doc = _row_pointers(q, key_padding_mask, document_ids)
+            meta = _launch_meta(q, causal, key_padding_mask, document_ids)
 
             def grid(c):
                 return (batch * heads, triton.cdiv(l_q, c["BLOCK_M"]))
 
             _pct_fwd_kernel[grid](
-                q, k, v, out, tau, bias, kpm, *q.stride(), *k.stride(), *v.stride(), *out.stride(), s_kpm,
+                q, k, v, out, tau, bias, kpm, doc, *q.stride(), *k.stride(), *v.stride(), *out.stride(), s_kpm, s_doc,
                 heads, l_q, l_k, dim, l_k - l_q, **meta,
             )  # fmt: skip
-            ctx.save_for_backward(q, k, v, tau, bias, key_padding_mask)
+            ctx.save_for_backward(q, k, v, tau, bias, key_padding_mask, document_ids)
             ctx.causal = causal
             return out
 
         @staticmethod
         def backward(ctx, grad_out):
-            q, k, v, tau, bias, key_padding_mask = ctx.saved_tensors
+            q, k, v, tau, bias, key_padding_mask, document_ids = ctx.saved_tensors
             do = grad_out.contiguous()
             batch, heads, l_q, dim = q.shape
             l_k = k.shape[2]
             dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-            kpm = key_padding_mask if key_padding_mask is not None else q
-            s_kpm = key_padding_mask.stride(0) if key_padding_mask is not None else 0
-            meta = _launch_meta(q, ctx.causal, key_padding_mask)
-            common = (*q.stride(), *k.stride(), *v.stride(), s_kpm)
+            kpm, s_kpm, doc, s_doc = _row_pointers(q, key_padding_mask, document_ids)
+            meta = _launch_meta(q, ctx.causal, key_padding_mask, document_ids)
+            common = (*q.stride(), *k.stride(), *v.stride(), s_kpm, s_doc)
             sizes = (heads, l_q, l_k, dim, l_k - l_q)
 
             def grid_n(c):
                 return (batch * heads, triton.cdiv(l_k, c["BLOCK_N"]))
 
-            _pct_bwd_dkdv_kernel[grid_n](q, k, v, do, dk, dv, tau, bias, kpm, *common, *sizes, **meta)
+            _pct_bwd_dkdv_kernel[grid_n](q, k, v, do, dk, dv, tau, bias, kpm, doc, *common, *sizes, **meta)
 
             n_part = triton.cdiv(l_q, _MIN_BLOCK_M)
             dtau_part = torch.zeros(batch * heads, n_part, device=q.device, dtype=torch.float32)
@@ -256,41 +257,35 @@ if HAS_TRITON:
                 return (batch * heads, triton.cdiv(l_q, c["BLOCK_M"]))
 
             _pct_bwd_dq_kernel[grid_m](
-                q, k, v, do, dq, tau, bias, kpm, dtau_part, dbias_part, *common, dtau_part.stride(0), *sizes, **meta
+                q, k, v, do, dq, tau, bias, kpm, doc, dtau_part, dbias_part,
+                *common, dtau_part.stride(0), *sizes, **meta,  # fmt: skip
             )
             dtau = dtau_part.view(batch, heads, n_part).sum(dim=(0, 2))
             dbias = dbias_part.view(batch, heads, n_part).sum(dim=(0, 2))
-            return dq, dk, dv, dtau, dbias, None, None
+            return dq, dk, dv, dtau, dbias, None, None, None
 
 
 def pct_attention_triton(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    tau: torch.Tensor | float,
-    bias: torch.Tensor | float,
+    tau: torch.Tensor,
+    bias: torch.Tensor,
     *,
-    causal: bool = True,
-    key_padding_mask: torch.Tensor | None = None,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
 ) -> torch.Tensor:
     """PCT sigmoid attention by the fused Triton kernels (module doc); CUDA tensors, fp32/fp16/bf16."""
-    if not HAS_TRITON:
-        raise RuntimeError("the PCT kernel 'triton' needs the `triton` package; install it or use kernel='tiled'.")
-    if not query.is_cuda and not triton_interpreting():
-        raise RuntimeError(
-            "the PCT Triton kernel runs on CUDA tensors (or on CPU with TRITON_INTERPRET=1 set before import); "
-            "use kernel='tiled' here."
-        )
-    if query.dtype not in KERNEL_DTYPES:
-        raise ValueError(f"the PCT Triton kernel takes fp32/fp16/bf16 `query`; got {query.dtype}: use kernel='tiled'.")
-    tau, bias, key_padding_mask = prepare_inputs(query, key, value, tau, bias, key_padding_mask)
     tau = tau.float().contiguous()
     bias = bias.float().contiguous()
     if key_padding_mask is not None:
         key_padding_mask = key_padding_mask.to(torch.int8).contiguous()
+    if document_ids is not None:
+        document_ids = document_ids.to(torch.int32).contiguous()
     return _PCTAttentionTriton.apply(
-        query, key.to(query.dtype), value.to(query.dtype), tau, bias, key_padding_mask, bool(causal)
+        query, key.to(query.dtype), value.to(query.dtype), tau, bias, key_padding_mask, document_ids, bool(causal)
     )
 
 
-__all__ = ["HAS_TRITON", "KERNEL_DTYPES", "pct_attention_triton", "triton_interpreting"]
+__all__ = ["HAS_TRITON", "KERNEL_DTYPES", "pct_attention_triton"]

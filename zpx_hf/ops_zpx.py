@@ -1,4 +1,4 @@
-"""ZPX angle-sphere attention (SPEC §2): phase coordinates and the fast attention path.
+"""ZPX angle-sphere attention (SPEC §2): the phase coordinates and the one entry point of the attention op.
 
 Phase encoder output per head and channel c (pre-activations come from `to_log_r`, `to_theta`, `to_b`):
 
@@ -8,10 +8,14 @@ Phase encoder output per head and channel c (pre-activations come from `to_log_r
 
 Score:  S_ij = q_i.k_j / sqrt(d) + la mean_c cos(phi_ic - phi_jc) + ls mean_c <s_ic, s_jc>
 
-`zpx_attention_sdpa` is the exact fast form: cos(a - b) = cos a cos b + sin a sin b, so with
-q^ = [q/sqrt(d), (la/C) cos phi, (la/C) sin phi, (ls/C) s] and k^ = [k, cos phi, sin phi, s], S = q^ . k^:
-ordinary scaled-dot-product attention (scale 1) on head dim d + 5C with O(L) memory. Keys are cached as
-k^. The term-by-term reference is `ops_zpx_naive.zpx_attention_naive` (same signature).
+`zpx_attention` is the only way into the attention kernels (`ZPX_KERNELS`, one signature):
+
+* `naive`   `ops_zpx_naive.py`: the score term by term, every [Lq, Lk, C] tensor materialised.
+* `cpu`     `ops_zpx_cpu.py`: the exact fast form, SDPA on head dim d + 5C (any device; on CUDA SDPA picks
+            its flash / memory-efficient kernels); masks per query panel, never L x L.
+* `decode`  `ops_zpx_cpu.py`: one query row (cached decoding) as two batched GEMVs.
+
+`kernel="auto"` picks `decode` for one query row without dropout, else `cpu`. Keys are cached as k^.
 """
 
 from __future__ import annotations
@@ -20,10 +24,14 @@ import math
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
-from .modeling_blocks import build_attention_mask, constant_tables, upcast, uses_is_causal
-from .ops_zpx_naive import PHASE_FEATURES
+from .ops_common import PHASE_FEATURES, check_key_masks, constant_tables, kernel_name, upcast
+from .ops_zpx_cpu import zpx_attention_cpu, zpx_attention_decode
+from .ops_zpx_naive import zpx_attention_naive
+
+ZPX_KERNELS = ("naive", "cpu", "decode")
+
+_IMPLEMENTATIONS = {"naive": zpx_attention_naive, "cpu": zpx_attention_cpu, "decode": zpx_attention_decode}
 
 
 class PhaseState(NamedTuple):
@@ -97,36 +105,6 @@ def phase_key_features(state: PhaseState) -> torch.Tensor:
     return torch.cat((state.cos_phi, state.sin_phi, *sphere_coordinates(state)), dim=-1)
 
 
-def augment_query(
-    query: torch.Tensor, query_features: torch.Tensor, scaling: float, lambda_angle: float, lambda_sphere: float
-) -> torch.Tensor:
-    """q^ = [q * scaling, (la/C) cos phi, (la/C) sin phi, (ls/C) s] = [q, features] * coefficients (one multiply;
-    float32 coefficients for half precision)."""
-    dtype = upcast(query).dtype
-    coefficients = query_coefficients(
-        query.shape[-1], query_features.shape[-1], scaling, lambda_angle, lambda_sphere, dtype, query.device
-    )
-    query_aug = torch.cat((query, query_features), dim=-1) * coefficients
-    return query_aug if query_aug.dtype == query.dtype else query_aug.to(query.dtype)
-
-
-@constant_tables
-def query_coefficients(
-    head_dim: int,
-    feature_dim: int,
-    scaling: float,
-    lambda_angle: float,
-    lambda_sphere: float,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> torch.Tensor:
-    """[scaling] * d + [la/C] * 2C + [ls/C] * 3C, the multipliers of [q, features] in `augment_query`."""
-    channels = feature_dim // PHASE_FEATURES
-    values = [scaling] * head_dim + [lambda_angle / channels] * (2 * channels)
-    values += [lambda_sphere / channels] * (3 * channels)
-    return torch.tensor(values, dtype=dtype, device=device)
-
-
 @constant_tables
 def phase_constants(
     max_log_radius: float, trailing: int, dtype: torch.dtype, device: torch.device
@@ -137,9 +115,12 @@ def phase_constants(
     return tuple(torch.tensor(row, dtype=dtype, device=device).view(shape) for row in rows)
 
 
-def center_cancellation_loss(state: PhaseState, token_mask: torch.Tensor | None, token_dim: int = 1) -> torch.Tensor:
-    """L_center = mean_{batch, head, c} |sum_i r_i e^{i phi_i}|^2 over real (non-padding) tokens; the tokens lie
-    on `token_dim` of the state (1 in the model's [B, L, H, C]), `token_mask` is [B, L]."""
+def center_cancellation_loss(
+    state: PhaseState, token_mask: torch.Tensor | None, token_dim: int = 1, document_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """L_center = mean_{document, head, c} |sum_i r_i e^{i phi_i}|^2 over real (non-padding) tokens; the tokens
+    lie on `token_dim` of the state (1 in the model's [B, L, H, C]), `token_mask` is [B, L]. Each row is one
+    document, or packed rows name theirs in `document_ids` [B, L] (the state then is [B, L, ...])."""
     radius = torch.exp(upcast(state.log_r))
     x, y = radius * upcast(state.cos_phi), radius * upcast(state.sin_phi)
     if token_mask is not None:
@@ -147,53 +128,110 @@ def center_cancellation_loss(state: PhaseState, token_mask: torch.Tensor | None,
         shape[0], shape[token_dim] = token_mask.shape
         weight = token_mask.to(x.dtype).view(shape)
         x, y = x * weight, y * weight
-    x_sum, y_sum = x.sum(dim=token_dim), y.sum(dim=token_dim)
+    if document_ids is None:
+        x_sum, y_sum = x.sum(dim=token_dim), y.sum(dim=token_dim)
+    else:  # one sum per document: a global index over the flattened B x L tokens
+        starts = torch.ones_like(document_ids, dtype=torch.bool)
+        starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+        index = starts.flatten().long().cumsum(0) - 1
+        count = int(index[-1]) + 1
+        x_sum = x.new_zeros(count, *x.shape[2:]).index_add_(0, index, x.flatten(0, 1))
+        y_sum = y.new_zeros(count, *y.shape[2:]).index_add_(0, index, y.flatten(0, 1))
     return (x_sum * x_sum + y_sum * y_sum).mean()
 
 
-def zpx_attention_sdpa(
+def resolve_kernel(kernel: str, query: torch.Tensor, dropout: float = 0.0) -> str:
+    """The kernel `kernel` runs for `query` [B, H, Lq, d]: "auto" -> "decode" for one row without dropout,
+    else "cpu"; earlier names map to today's (`ops_common.kernel_name`)."""
+    kernel = kernel_name(kernel, ZPX_KERNELS, "ZPX attention")
+    if kernel == "auto":
+        return "decode" if query.shape[2] == 1 and dropout == 0.0 else "cpu"
+    return kernel
+
+
+def check_inputs(
     query: torch.Tensor,
     key_aug: torch.Tensor,
     value: torch.Tensor,
     query_features: torch.Tensor,
     padding_mask: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Shape checks (ValueError naming the argument; no host reads); returns the masks as bool / int64."""
+    if query.dim() != 4 or key_aug.dim() != 4 or value.dim() != 4:
+        raise ValueError(
+            f"`query`, `key_aug` and `value` must be [B, H, L, D]; got {tuple(query.shape)}, "
+            f"{tuple(key_aug.shape)} and {tuple(value.shape)}."
+        )
+    batch, heads, l_q, head_dim = query.shape
+    l_k = key_aug.shape[2]
+    width = query_features.shape[-1]
+    if width % PHASE_FEATURES or tuple(query_features.shape) != (batch, heads, l_q, width):
+        raise ValueError(
+            f"`query_features` must be [B, H, Lq, 5C] = [{batch}, {heads}, {l_q}, 5C]; "
+            f"got {tuple(query_features.shape)}."
+        )
+    if key_aug.shape[:2] != query.shape[:2] or key_aug.shape[-1] != head_dim + width:
+        raise ValueError(
+            f"`key_aug` must be [B={batch}, H={heads}, Lk, d + 5C = {head_dim + width}] (k^ = [k, cos, sin, s]); "
+            f"got {tuple(key_aug.shape)}."
+        )
+    if value.shape[:3] != key_aug.shape[:3]:
+        raise ValueError(f"`value` must be [B, H, Lk] = {tuple(key_aug.shape[:3])} + [dv]; got {tuple(value.shape)}.")
+    if l_q > l_k:
+        raise ValueError(f"`query` has more positions ({l_q}) than `key_aug` ({l_k}): queries are the last Lq <= Lk.")
+    return check_key_masks(padding_mask, document_ids, batch, l_k)
+
+
+def zpx_attention(
+    query: torch.Tensor,
+    key_aug: torch.Tensor,
+    value: torch.Tensor,
+    query_features: torch.Tensor,
+    padding_mask: torch.Tensor | None = None,
     *,
     causal: bool,
     scaling: float,
     lambda_angle: float,
     lambda_sphere: float,
     dropout: float = 0.0,
-) -> tuple[torch.Tensor, None]:
-    """Fast path, the signature of `zpx_attention_naive`: one SDPA call on the augmented head dim; returns
-    output [B, Lq, H, dv] (a transposed view, not contiguous)."""
-    batch, _, q_len, _ = query.shape
-    query_aug = augment_query(query, query_features, scaling, lambda_angle, lambda_sphere)
-    mask = build_attention_mask(padding_mask, batch, q_len, key_aug.shape[2], causal, query.device)
-    if q_len == 1 and dropout == 0.0:
-        # One query (cached decoding): softmax(q^ k^T) v as two batched GEMVs over [B*H] (cheaper than a fused
-        # kernel's launch), and v keeps its own head dim (no padding of the whole cached value every step).
-        heads, k_len = key_aug.shape[1], key_aug.shape[2]
-        scores = torch.bmm(query_aug.flatten(0, 1), key_aug.flatten(0, 1).transpose(1, 2))  # [B*H, 1, Lk]
-        if mask is not None:
-            scores = scores.view(batch, heads, 1, k_len).masked_fill(~mask, torch.finfo(scores.dtype).min)
-        weights = F.softmax(upcast(scores), dim=-1)
-        if weights.dtype != value.dtype:
-            weights = weights.to(value.dtype)
-        weights = weights.view(batch * heads, 1, k_len)
-        output = torch.bmm(weights, value.flatten(0, 1))  # [B*H, 1, dv]
-        return output.view(batch, heads, 1, -1).transpose(1, 2), None
-    value_dim = value.shape[-1]
-    if value_dim != query_aug.shape[-1]:
-        # Fused SDPA kernels (flash on CPU and GPU) need one head dim for q, k and v: pad v with zeros
-        # and drop the padding from the output.
-        value = F.pad(value, (0, query_aug.shape[-1] - value_dim))
-    output = F.scaled_dot_product_attention(
-        query_aug,
+    document_ids: torch.Tensor | None = None,
+    kernel: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """ZPX attention by `kernel` ("auto" or one of `ZPX_KERNELS`; module doc).
+
+    query [B, H, Lq, d], key_aug [B, H, Lk, d + 5C] (k^ = [k, cos phi, sin phi, s]), value [B, H, Lk, dv],
+    query_features [B, H, Lq, 5C]; padding_mask [B, Lk] bool (True = real token) and document_ids [B, Lk]
+    (packed rows: equal within a document) or None. Query i sits at position Lk - Lq + i; it sees key j
+    when causality, padding and documents allow, and a row that sees no key outputs zeros.
+    Returns (output [B, Lq, H, dv], attention weights [B, H, Lq, Lk] from `naive`, else None).
+    """
+    padding_mask, document_ids = check_inputs(query, key_aug, value, query_features, padding_mask, document_ids)
+    fn = _IMPLEMENTATIONS[resolve_kernel(kernel, query, dropout)]
+    return fn(
+        query,
         key_aug,
         value,
-        attn_mask=mask,
-        dropout_p=dropout,
-        is_causal=uses_is_causal(mask, causal, q_len),
-        scale=1.0,
+        query_features,
+        padding_mask,
+        document_ids,
+        causal=causal,
+        scaling=scaling,
+        lambda_angle=lambda_angle,
+        lambda_sphere=lambda_sphere,
+        dropout=dropout,
     )
-    return output[..., :value_dim].transpose(1, 2), None
+
+
+__all__ = [
+    "ZPX_KERNELS",
+    "PhaseState",
+    "center_cancellation_loss",
+    "phase_coordinates",
+    "phase_from_stacked",
+    "phase_key_features",
+    "phase_tensor",
+    "resolve_kernel",
+    "sphere_coordinates",
+    "zpx_attention",
+]

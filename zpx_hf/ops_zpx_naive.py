@@ -1,11 +1,11 @@
-"""ZPX angle-sphere attention, the readable reference (`attn_implementation="eager"`).
+"""ZPX angle-sphere attention, the readable reference (kernel `naive`, `attn_implementation="eager"`).
 
 The score formula of SPEC §2 term by term:
 
     S_ij = q_i.k_j / sqrt(d) + la mean_c cos(phi_ic - phi_jc) + ls mean_c <s_ic, s_jc>
 
-materialising the [.., Lq, Lk, C] angle and [.., Lq, Lk, C, 3] sphere tensors: O(L^2 C) memory. The fast
-path in `ops_zpx.py` computes the same numbers as one SDPA call.
+materialising the [.., Lq, Lk, C] angle and [.., Lq, Lk, C, 3] sphere tensors: O(L^2 C) memory. Query i
+sees key j when causality, padding and documents allow; a row that sees no key outputs zeros.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .modeling_blocks import build_attention_mask, upcast
-
-PHASE_FEATURES = 5  # cos phi, sin phi, X, Y, Z
+from .ops_common import PHASE_FEATURES, upcast, visible_keys
 
 
 def zpx_attention_naive(
@@ -24,6 +22,7 @@ def zpx_attention_naive(
     value: torch.Tensor,
     query_features: torch.Tensor,
     padding_mask: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
     *,
     causal: bool,
     scaling: float,
@@ -31,10 +30,8 @@ def zpx_attention_naive(
     lambda_sphere: float,
     dropout: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """query [B, H, Lq, d], key_aug [B, H, Lk, d + 5C] (cached k^ = [k, cos, sin, s]), value [B, H, Lk, dv],
-    query_features [B, H, Lq, 5C], padding_mask [B, Lk] bool (True = real token) or None; query i sits at
-    position Lk - Lq + i. Returns (output [B, Lq, H, dv], attention weights [B, H, Lq, Lk])."""
-    batch, _, q_len, head_dim = query.shape
+    """The inputs of `ops_zpx.zpx_attention`; returns (output [B, Lq, H, dv], weights [B, H, Lq, Lk])."""
+    head_dim = query.shape[-1]
     key, key_features = key_aug[..., :head_dim], key_aug[..., head_dim:]
     channels = key_features.shape[-1] // PHASE_FEATURES
 
@@ -50,11 +47,13 @@ def zpx_attention_naive(
     sphere = (sphere_q[:, :, :, None, :, :] * sphere_k[:, :, None, :, :, :]).sum(dim=-1).mean(dim=-1)
     scores = content + lambda_angle * angle + lambda_sphere * sphere
 
-    mask = build_attention_mask(padding_mask, batch, q_len, key.shape[2], causal, query.device, always=True)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = F.softmax(upcast(scores), dim=-1).to(query.dtype)
-    weights = F.dropout(weights, p=dropout, training=dropout > 0)
+    visible = visible_keys(query.shape[2], key.shape[2], causal, padding_mask, query.device, document_ids)
+    if visible is not None:
+        scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+    weights = F.softmax(upcast(scores), dim=-1)
+    if visible is not None:
+        weights = weights * visible.any(dim=-1, keepdim=True)  # a row with no visible key: zeros
+    weights = F.dropout(weights.to(query.dtype), p=dropout, training=dropout > 0)
     output = torch.matmul(weights, value)
     return output.transpose(1, 2).contiguous(), weights
 

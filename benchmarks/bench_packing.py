@@ -1,0 +1,138 @@
+"""Packing benchmark: one training step (forward + backward) on the same documents, padded vs packed.
+
+The documents (`--documents` of random lengths in [`--min-length`, `--max-length`], seeded) run as one
+right-padded batch with an attention mask (what a padding collator gives) and as one packed row with
+restarting `position_ids` (what `DataCollatorWithFlattening` and TRL's packing give): equal real tokens.
+Both modes alternate inside one process, rounds after a warm-up; the table gives the median step time
+and the packed / padded ratio measured in that run, per family (and a same-size `LlamaForCausalLM`).
+
+Usage:  python benchmarks/bench_packing.py [--families zpx pct llama] [--rounds 7]
+Writes benchmarks/results/bench_packing.md and .csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def build_model(family: str, args: argparse.Namespace):
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    import zpx_hf
+
+    size = dict(
+        vocab_size=260,
+        hidden_size=args.hidden,
+        intermediate_size=2 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        max_position_embeddings=max(2048, args.max_length),
+    )
+    if family == "llama":
+        config = LlamaConfig(**size, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    else:
+        config = zpx_hf.FAMILIES[family][0](**size)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").train()
+
+
+def batches(args: argparse.Namespace) -> tuple[dict, dict, int]:
+    """(padded batch, packed batch, real tokens) over the same documents."""
+    import torch
+    from transformers import DataCollatorWithFlattening
+
+    g = torch.Generator().manual_seed(args.seed)
+    lengths = torch.randint(args.min_length, args.max_length + 1, (args.documents,), generator=g).tolist()
+    docs = [torch.randint(3, 260, (n,), generator=g) for n in lengths]
+    longest = max(lengths)
+    ids = torch.zeros(len(docs), longest, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, doc in enumerate(docs):
+        ids[row, : len(doc)], mask[row, : len(doc)] = doc, 1
+    padded = {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+    packed = DataCollatorWithFlattening(return_tensors="pt")([{"input_ids": d.tolist()} for d in docs])
+    return padded, dict(packed), sum(lengths)
+
+
+def step(model, batch: dict) -> float:
+    start = time.perf_counter()
+    loss = model(**batch, use_cache=False).loss
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return (time.perf_counter() - start) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--families", nargs="+", default=["zpx", "pct", "llama"])
+    parser.add_argument("--documents", type=int, default=16)
+    parser.add_argument("--min-length", type=int, default=32)
+    parser.add_argument("--max-length", type=int, default=512)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    padded, packed, real = batches(args)
+    rows = []
+    for family in args.families:
+        model = build_model(family, args)
+        times: dict[str, list[float]] = {"padded": [], "packed": []}
+        for repeat in range(args.rounds + 1):
+            for mode in ("padded", "packed") if repeat % 2 == 0 else ("packed", "padded"):
+                elapsed = step(model, padded if mode == "padded" else packed)
+                if repeat > 0:  # the first round warms up
+                    times[mode].append(elapsed)
+        padded_ms, packed_ms = statistics.median(times["padded"]), statistics.median(times["packed"])
+        rows.append(
+            {
+                "family": family,
+                "real_tokens": real,
+                "padded_tokens": padded["input_ids"].numel(),
+                "padded_ms": round(padded_ms, 1),
+                "packed_ms": round(packed_ms, 1),
+                "packed_over_padded": round(packed_ms / padded_ms, 3),
+            }
+        )
+        print(rows[-1], flush=True)
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS / "bench_packing.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    names = {"zpx": "ZPXForCausalLM", "pct": "PCTForCausalLM", "llama": "LlamaForCausalLM"}
+    lines = [
+        f"Training step (forward + backward), {args.documents} documents of {args.min_length}-{args.max_length} "
+        f"tokens (seed {args.seed}), hidden {args.hidden}, {args.layers} layers, {args.heads} heads, sdpa, fp32, "
+        f"CPU, {args.threads} thread(s); `python benchmarks/bench_packing.py`. Padded: one right-padded batch with "
+        "an attention mask; packed: one row from `DataCollatorWithFlattening` (restarting position_ids). Median "
+        f"of {args.rounds} interleaved rounds in one process.",
+        "",
+        "| model | real tokens | padded tokens | padded ms | packed ms | packed / padded |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {names.get(row['family'], row['family'])} | {row['real_tokens']:,} | {row['padded_tokens']:,} | "
+            f"{row['padded_ms']:.1f} | {row['packed_ms']:.1f} | {row['packed_over_padded']:.2f}x |"
+        )
+    (RESULTS / "bench_packing.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""PCT sigmoid attention in memory-lean PyTorch (kernel `cpu`): query panels, recomputing backward; and the
+one-query step of cached decoding (kernel `decode`). Same function as `ops_pct_naive.pct_attention_naive`.
+
+Queries are processed in panels of `PANEL_ROWS` rows against only the keys a panel can see
+(`ops_common.query_panels`: causal, the prefix up to its last row; packed rows, nothing before the
+first row's document), so no pass holds more than B x H x PANEL_ROWS x Lk gates; the backward
+recomputes each panel's gates instead of storing them. Without gradients (generation) the forward
+runs without autograd state. Per panel, with q' = tau q (tau folded into the query):
+
+    forward    s = b + q' K^T  (bias as the GEMM's initial value),  a = sigmoid(s) masked,  out = a V
+    backward   dP = dO V^T,  ds = dP a (1 - a),  dv += a^T dO,  dk += ds^T q',  g = ds K,
+               dq = tau g,  dtau = sum q . g  (= sum ds q.k, from the dq product: no extra L x L pass),
+               db = sum ds
+
+Accumulation in float32 at least (float64 stays float64), autocast off inside the op. Inputs come checked
+from the entry (`ops_pct.pct_attention`): tau and bias [H] tensors, masks bool / int64.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .ops_common import autocast_off, decode_key_mask, query_panels
+
+PANEL_ROWS = 128  # query rows per panel; read at call time
+
+
+def _mask_panel(gate, block, offset, causal, key_padding_mask, document_ids) -> torch.Tensor:
+    """Zero the invisible pairs of a panel's gates [B*H, rows, keys] in place (batch-major rows)."""
+    start, end, lo, keys = block
+    # keys [start + offset, keys) form a square block (keys - start - offset = end - start): row r (from start)
+    # sees the first r + 1, so the block's upper triangle is hidden (tril_: ~6x a broadcast masked_fill_)
+    if causal and keys - (start + offset) > 1:
+        gate[..., start + offset - lo : keys - lo].tril_()
+    if key_padding_mask is not None:  # [B, H * rows, keys] lines up with [B, 1, keys]
+        gate.view(key_padding_mask.shape[0], -1, keys - lo).masked_fill_(~key_padding_mask[:, None, lo:keys], 0.0)
+    if document_ids is not None:  # [B, H, rows, keys] against [B, 1, rows, keys]
+        same = document_ids[:, start + offset : end + offset, None] == document_ids[:, None, lo:keys]
+        gate.view(document_ids.shape[0], -1, end - start, keys - lo).masked_fill_(~same[:, None], 0.0)
+    return gate
+
+
+def _panel_gates(q_scaled, key, bias_bh, block, offset, causal, key_padding_mask, document_ids) -> torch.Tensor:
+    """a = sigmoid(b + q'_[start:end] K_[lo:keys]^T), invisible pairs exactly 0; [B*H, rows, keys - lo]."""
+    start, end, lo, keys = block
+    gate = torch.baddbmm(bias_bh, q_scaled[:, start:end], key[:, lo:keys].transpose(1, 2)).sigmoid_()
+    return _mask_panel(gate, block, offset, causal, key_padding_mask, document_ids)
+
+
+def _per_row(value: torch.Tensor, batch: int, dtype: torch.dtype) -> torch.Tensor:
+    """A per-head vector [H] as [B*H, 1, 1] (batch-major rows), in `dtype`."""
+    value = value.to(dtype)
+    return (value if batch == 1 else value.expand(batch, -1).reshape(-1)).view(-1, 1, 1)
+
+
+def _forward(query, key, value, tau, bias, key_padding_mask, document_ids, causal) -> torch.Tensor:
+    """out [B, H, Lq, D] panel by panel (no autograd state: the autograd forward and generation's path)."""
+    batch, heads, l_q, dim = query.shape
+    l_k = key.shape[2]
+    acc = torch.promote_types(query.dtype, torch.float32)
+    with autocast_off(query):
+        tau_bh = _per_row(tau, batch, acc)
+        bias_bh = _per_row(bias, batch, acc)
+        q_scaled = query.to(acc).reshape(batch * heads, l_q, dim) * tau_bh
+        k = key.to(acc).reshape(batch * heads, l_k, dim)
+        v = value.to(acc).reshape(batch * heads, l_k, dim)
+        panels = [
+            torch.bmm(
+                _panel_gates(q_scaled, k, bias_bh, block, l_k - l_q, causal, key_padding_mask, document_ids),
+                v[:, block[2] : block[3]],
+            )
+            for block in query_panels(l_q, l_k, causal, PANEL_ROWS, document_ids)
+        ]
+        out = panels[0] if len(panels) == 1 else torch.cat(panels, dim=1)
+    return out.view(batch, heads, l_q, dim).to(query.dtype)
+
+
+class _PCTAttentionCPU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, query, key, value, tau, bias, key_padding_mask, document_ids, causal):
+        ctx.save_for_backward(query, key, value, tau, bias, key_padding_mask, document_ids)
+        ctx.causal = causal
+        return _forward(query, key, value, tau, bias, key_padding_mask, document_ids, causal)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, tau, bias, key_padding_mask, document_ids = ctx.saved_tensors
+        batch, heads, l_q, dim = query.shape
+        l_k = key.shape[2]
+        acc = torch.promote_types(query.dtype, torch.float32)
+        with autocast_off(query):
+            tau_bh = _per_row(tau, batch, acc)
+            bias_bh = _per_row(bias, batch, acc)
+            q = query.to(acc).reshape(batch * heads, l_q, dim)
+            q_scaled = q * tau_bh
+            k = key.to(acc).reshape(batch * heads, l_k, dim)
+            v = value.to(acc).reshape(batch * heads, l_k, dim)
+            do = grad_out.to(acc).reshape(batch * heads, l_q, dim)
+            g = torch.empty_like(q)  # ds K: dq / tau
+            dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+            dbias = q.new_zeros(batch * heads)
+            for block in query_panels(l_q, l_k, ctx.causal, PANEL_ROWS, document_ids):
+                start, end, lo, keys = block
+                gate = _panel_gates(
+                    q_scaled, k, bias_bh, block, l_k - l_q, ctx.causal, key_padding_mask, document_ids
+                )
+                do_p = do[:, start:end]
+                dv[:, lo:keys].baddbmm_(gate.transpose(1, 2), do_p)
+                ds = torch.bmm(do_p, v[:, lo:keys].transpose(1, 2)).mul_(gate)  # dP a
+                ds.addcmul_(ds, gate, value=-1.0)  # dP a (1 - a); hidden pairs: a = 0 -> 0
+                g[:, start:end] = torch.bmm(ds, k[:, lo:keys])  # not out=: a strided slice breaks compiled graphs
+                dk[:, lo:keys].baddbmm_(ds.transpose(1, 2), q_scaled[:, start:end])
+                dbias += ds.sum(dim=(1, 2))
+            dtau = (g * q).sum(dim=(1, 2))
+            dq = g.mul_(tau_bh)
+        shape = (batch, heads, -1, dim)
+        return (
+            dq.view(shape).to(query.dtype),
+            dk.view(shape).to(key.dtype),
+            dv.view(shape).to(value.dtype),
+            dtau.view(batch, heads).sum(0).to(tau.dtype),
+            dbias.view(batch, heads).sum(0).to(bias.dtype),
+            None,
+            None,
+            None,
+        )
+
+
+def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`tensor.to(dtype)`, without a dispatched call when the dtype already matches."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
+
+
+def pct_attention_decode(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    tau: torch.Tensor,
+    bias: torch.Tensor,
+    *,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
+) -> torch.Tensor:
+    """One query per (batch, head): out = sigmoid(tau q.K^T + b) V over the visible keys (others exactly 0).
+
+    query [B, H, 1, D] is the last position: causal or not it sees every key of its document, so only padding
+    and documents mask pairs (one key mask, `decode_key_mask`)."""
+    acc = torch.float64 if query.dtype == torch.float64 else torch.float32  # promote_types(dtype, float32)
+    visible = decode_key_mask(key_padding_mask, document_ids)
+    with autocast_off(query):
+        raw = torch.matmul(_as(query, acc) * _as(tau, acc).view(-1, 1, 1), _as(key, acc).transpose(-1, -2))
+        gate = torch.sigmoid(raw.add_(_as(bias, acc).view(-1, 1, 1)))  # tau q.k_j + b, [B, H, 1, Lk]
+        if visible is not None:
+            gate = gate.masked_fill(~visible[:, None, None, :], 0.0)  # not in place: sigmoid's backward
+        out = torch.matmul(gate, _as(value, acc))
+    return _as(out, query.dtype)
+
+
+def pct_attention_cpu(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    tau: torch.Tensor,
+    bias: torch.Tensor,
+    *,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
+) -> torch.Tensor:
+    """PCT sigmoid attention in query panels with a recomputing backward (module doc); any device and dtype."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, tau, bias)):
+        return _PCTAttentionCPU.apply(query, key, value, tau, bias, key_padding_mask, document_ids, bool(causal))
+    return _forward(query, key, value, tau, bias, key_padding_mask, document_ids, bool(causal))
+
+
+__all__ = ["PANEL_ROWS", "pct_attention_cpu", "pct_attention_decode"]
