@@ -129,7 +129,7 @@ class VersorCache:
         if past is None:  # the cached tokens so far: one document per row
             device = document_ids.device
             past = torch.zeros(document_ids.shape[0], past_length, dtype=torch.long, device=device)
-        last = past[:, -1:] if past_length else torch.zeros_like(past[:, :1])
+        last = past[:, -1:] if past_length else past.new_zeros(past.shape[0], 1)
         chunk = last.expand(-1, length) if document_ids is None else document_ids.to(past.device) + last
         self.documents[layer_idx] = torch.cat((past, chunk), dim=1)
         return self.documents[layer_idx]
