@@ -440,6 +440,10 @@ class VersorModel(GeometricModel, VersorPreTrainedModel):
         """Versor has no positional encoding; its positions only tell packed documents apart: the document ids
         of position ids that restart at 0 inside a row (None when none does). Read by `mixer_document_ids`
         until the shared backbone passes `document_ids` itself."""
+        if torch.compiler.is_compiling() and position_ids.dim() == 2 and position_ids.shape[-1] > 1:
+            # no host read ("does any row restart?") in a compiled graph: the ids always (all 0 when unpacked)
+            restarts = (position_ids[:, 1:] == 0).long().cumsum(-1)
+            return torch.cat((torch.zeros_like(restarts[:, :1]), restarts), dim=-1)
         return document_ids_from_position_ids(position_ids)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, *args: Any, **kwargs: Any) -> Any:
