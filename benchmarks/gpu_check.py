@@ -124,9 +124,9 @@ def check_pct(rows: list[dict[str, Any]], dtypes: list[Any], quick: bool) -> Non
 
 
 def check_gpa(rows: list[dict[str, Any]], dtypes: list[Any], quick: bool) -> None:
-    import torch
-
     from functools import partial
+
+    import torch
 
     from zpx_hf.ops_gpa import geometric_product_attention
 
