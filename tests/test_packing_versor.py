@@ -364,3 +364,20 @@ def test_decoding_after_a_packed_prompt_continues_its_last_document(mixer):
             logits.append(out.logits)
         alone = model(torch.cat((ids[:, 5:], more), dim=1)).logits[:, -3:]
     torch.testing.assert_close(torch.cat(logits, dim=1), alone, rtol=1e-10, atol=1e-10)
+
+
+@needs_triton
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_gpa_triton_document_loop_bounds_equal_naive(causal):
+    # documents longer than a tile (16 on CPU): query blocks start past earlier documents' key blocks and
+    # key blocks stop before later documents' query blocks; the result equals the naive path
+    rows = [(20, 1, 19), (7, 33)]
+    leaves = gpa_inputs(torch.float32, seed=3, length=40, heads=1)
+    kwargs = dict(causal=causal, document_ids=document_ids(rows))
+    got = geometric_product_attention(*leaves, kernel="triton", **kwargs)
+    want = geometric_product_attention(*leaves, kernel="naive", **kwargs)
+    weights = torch.randn(got.shape, generator=torch.Generator().manual_seed(4))
+    got_grads = torch.autograd.grad((got * weights).sum(), leaves)
+    want_grads = torch.autograd.grad((want * weights).sum(), leaves)
+    for name, g, w in zip(NAMES, (got, *got_grads), (want, *want_grads)):
+        assert_close_scaled(g, w, 1000 * FP32_EPS, name)

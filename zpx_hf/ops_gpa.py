@@ -69,6 +69,20 @@ def visible_keys(
     return visible
 
 
+def document_bounds(document_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first, last) [B, L] int64: the index of the first and of the last token of each token's document
+    (ids are non-decreasing along a row); the keys a query can see lie in [first, last] of its position."""
+    length = document_ids.shape[-1]
+    positions = torch.arange(length, device=document_ids.device).expand_as(document_ids)
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    ends = torch.ones_like(starts)
+    ends[:, :-1] = starts[:, 1:]
+    first = torch.where(starts, positions, 0).cummax(-1).values
+    last = torch.where(ends, positions, length - 1).flip(-1).cummin(-1).values.flip(-1)
+    return first, last
+
+
 # The kernels import the tables and the mask above from here, so they are defined first.
 from .ops_gpa_chunked import gpa_chunked  # noqa: E402
 from .ops_gpa_naive import gpa_naive, gpa_naive_weights, score_parts  # noqa: E402
@@ -298,6 +312,7 @@ __all__ = [
     "LEGACY_GPA_KERNELS",
     "NUM_FORMS",
     "check_gpa_inputs",
+    "document_bounds",
     "form_tables",
     "geometric_product_attention",
     "gpa_attention_weights",

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from .ops_common import compute_dtype
-from .ops_gpa import NUM_FORMS, form_tables
+from .ops_gpa import NUM_FORMS, document_bounds, form_tables
 
 PANEL = 128  # query rows per panel
 BLOCK = 256  # keys per block
@@ -68,14 +68,7 @@ class _Plan:
         self.documents = document_ids
         self.host_reads = not torch.compiler.is_compiling()  # a compiled graph visits and masks every block
         if document_ids is not None and self.host_reads:
-            # first / last key index of each token's document (ids are non-decreasing along a row)
-            positions = torch.arange(k_len, device=device).expand_as(document_ids)
-            starts = torch.ones_like(document_ids, dtype=torch.bool)
-            starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
-            self.doc_first = torch.where(starts, positions, 0).cummax(-1).values
-            ends = torch.ones_like(starts)
-            ends[:, :-1] = starts[:, 1:]
-            self.doc_last = torch.where(ends, positions, k_len - 1).flip(-1).cummin(-1).values.flip(-1)
+            self.doc_first, self.doc_last = document_bounds(document_ids)
         self.blocks = []  # (start, stop, padding [B, 1, 1, N] or None)
         keys = None if key_padding_mask is None else key_padding_mask.to(device=device, dtype=torch.bool)
         for start in range(0, k_len, BLOCK):

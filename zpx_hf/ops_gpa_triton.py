@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .ops_common import HAS_TRITON, tl, triton
-from .ops_gpa import form_tables
+from .ops_gpa import document_bounds, form_tables
 
 if HAS_TRITON:
 
@@ -55,6 +55,14 @@ if HAS_TRITON:
             k_doc = tl.load(DOCS + batch * k_len + offs_n, mask=n_mask, other=-2)
             valid = valid & (q_doc[:, None] == k_doc[None, :])
         return valid
+
+    @triton.jit
+    def _document_span(DOC_FIRST, DOC_LAST, batch, k_len, first, last):
+        # [lo, hi): the keys that tokens at absolute positions first..last can see inside their documents
+        # (equally: the positions of the queries that can see keys first..last)
+        lo = tl.load(DOC_FIRST + batch * k_len + first)
+        hi = tl.load(DOC_LAST + batch * k_len + last) + 1
+        return lo, hi
 
     @triton.jit
     def _form_dot(fixed, moving, PERMUTE_KEYS: tl.constexpr, PRECISION: tl.constexpr):
@@ -108,7 +116,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _gpa_fwd_kernel(
-        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, O, LSE, KEY_VALID, DOCS,
+        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, O, LSE, KEY_VALID, DOCS, DOC_FIRST, DOC_LAST,
         num_heads, q_len, k_len, dim, q_offset, scale, eps,
         IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, HAS_DOCS: tl.constexpr, BIVECTOR: tl.constexpr,
         PRECISION: tl.constexpr,
@@ -131,10 +139,17 @@ if HAS_TRITON:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        lo = 0
         hi = k_len
         if IS_CAUSAL:
             hi = tl.minimum(k_len, q_offset + (pid_m + 1) * BLOCK_M)
-        for start_n in range(0, hi, BLOCK_N):
+        if HAS_DOCS:  # packed rows: only the key blocks of the block's documents
+            row_first = tl.minimum(pid_m * BLOCK_M, q_len - 1) + q_offset
+            row_last = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, q_len - 1) + q_offset
+            doc_lo, doc_hi = _document_span(DOC_FIRST, DOC_LAST, batch, k_len, row_first, row_last)
+            lo = doc_lo // BLOCK_N * BLOCK_N
+            hi = tl.minimum(hi, doc_hi)
+        for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_mask = offs_n < k_len
             s, _ = _score_tile(q, k_base, offs_n, n_mask, offs_d, d_mask, dim, gamma, eps, FORM_INDEX, FORM_SIGN,
@@ -165,7 +180,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _gpa_bwd_dkdv_kernel(
-        Q, K, V, GAMMA, FORM_INDEX, QUERY_SIGN, DO, LSE, DELTA, DK, DV, DGAMMA, KEY_VALID, DOCS,
+        Q, K, V, GAMMA, FORM_INDEX, QUERY_SIGN, DO, LSE, DELTA, DK, DV, DGAMMA, KEY_VALID, DOCS, DOC_FIRST, DOC_LAST,
         num_heads, q_len, k_len, dim, q_offset, scale, eps, num_key_blocks,
         IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, HAS_DOCS: tl.constexpr, BIVECTOR: tl.constexpr,
         PRECISION: tl.constexpr,
@@ -191,9 +206,16 @@ if HAS_TRITON:
         dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dgamma = tl.zeros([BLOCK_N], tl.float32)
         lo = 0
+        hi = q_len
         if IS_CAUSAL:
             lo = tl.maximum(pid_n * BLOCK_N - q_offset, 0) // BLOCK_M * BLOCK_M
-        for start_m in range(lo, q_len, BLOCK_M):
+        if HAS_DOCS:  # packed rows: only the query blocks of the key block's documents
+            key_first = tl.minimum(pid_n * BLOCK_N, k_len - 1)
+            key_last = tl.minimum(pid_n * BLOCK_N + BLOCK_N - 1, k_len - 1)
+            doc_lo, doc_hi = _document_span(DOC_FIRST, DOC_LAST, batch, k_len, key_first, key_last)
+            lo = tl.maximum(lo, tl.maximum(doc_lo - q_offset, 0) // BLOCK_M * BLOCK_M)
+            hi = tl.minimum(hi, doc_hi - q_offset)
+        for start_m in range(lo, hi, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             m_mask = offs_m < q_len
             s, norm = _score_tile(k, q_base, offs_m, m_mask, offs_d, d_mask, dim, gamma, eps, FORM_INDEX, QUERY_SIGN,
@@ -220,7 +242,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _gpa_bwd_dq_kernel(
-        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, DO, LSE, DELTA, DQ, KEY_VALID, DOCS,
+        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, DO, LSE, DELTA, DQ, KEY_VALID, DOCS, DOC_FIRST, DOC_LAST,
         num_heads, q_len, k_len, dim, q_offset, scale, eps,
         IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, HAS_DOCS: tl.constexpr, BIVECTOR: tl.constexpr,
         PRECISION: tl.constexpr,
@@ -245,10 +267,17 @@ if HAS_TRITON:
         lse = tl.load(LSE + bh * q_len + offs_m, mask=m_mask, other=0.0)
         delta = tl.load(DELTA + bh * q_len + offs_m, mask=m_mask, other=0.0)
         dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        lo = 0
         hi = k_len
         if IS_CAUSAL:
             hi = tl.minimum(k_len, q_offset + (pid_m + 1) * BLOCK_M)
-        for start_n in range(0, hi, BLOCK_N):
+        if HAS_DOCS:  # packed rows: only the key blocks of the block's documents
+            row_first = tl.minimum(pid_m * BLOCK_M, q_len - 1) + q_offset
+            row_last = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, q_len - 1) + q_offset
+            doc_lo, doc_hi = _document_span(DOC_FIRST, DOC_LAST, batch, k_len, row_first, row_last)
+            lo = doc_lo // BLOCK_N * BLOCK_N
+            hi = tl.minimum(hi, doc_hi)
+        for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_mask = offs_n < k_len
             s, norm = _score_tile(q, k_base, offs_n, n_mask, offs_d, d_mask, dim, gamma, eps, FORM_INDEX, FORM_SIGN,
@@ -301,10 +330,10 @@ class _GPATritonFunction(torch.autograd.Function):
         flags = (causal, key_valid is not None, documents is not None)
         # a flag that is off still takes a pointer
         valid = key_valid if key_valid is not None else torch.zeros(1, dtype=torch.int8, device=q.device)
-        docs = documents if documents is not None else torch.zeros(1, dtype=torch.int32, device=q.device)
+        docs = documents if documents is not None else torch.zeros(3, 1, dtype=torch.int32, device=q.device)
         grid = (triton.cdiv(q_len, block_m), batch * heads)
         _gpa_fwd_kernel[grid](
-            q, k, v, gamma32, index, sign, out, lse, valid, docs,
+            q, k, v, gamma32, index, sign, out, lse, valid, docs[0], docs[1], docs[2],
             heads, q_len, k_len, dim, k_len - q_len, scaling, eps,
             IS_CAUSAL=flags[0], HAS_PADDING=flags[1], HAS_DOCS=flags[2], BIVECTOR=bivector, PRECISION=_precision(q),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps,
@@ -340,11 +369,12 @@ class _GPATritonFunction(torch.autograd.Function):
             num_warps=warps,
         )
         _gpa_bwd_dkdv_kernel[(num_key_blocks, batch * heads)](
-            q, k, v, gamma32, index, query_sign, grad_out, lse, delta, dk, dv, dgamma, valid, docs,
+            q, k, v, gamma32, index, query_sign, grad_out, lse, delta, dk, dv, dgamma,
+            valid, docs[0], docs[1], docs[2],
             heads, q_len, k_len, dim, k_len - q_len, scaling, eps, num_key_blocks, **common,
         )  # fmt: skip
         _gpa_bwd_dq_kernel[(triton.cdiv(q_len, block_m), batch * heads)](
-            q, k, v, gamma32, index, sign, grad_out, lse, delta, dq, valid, docs,
+            q, k, v, gamma32, index, sign, grad_out, lse, delta, dq, valid, docs[0], docs[1], docs[2],
             heads, q_len, k_len, dim, k_len - q_len, scaling, eps, **common,
         )  # fmt: skip
         grad_gamma = dgamma.view(batch, heads, num_key_blocks).sum((0, 2)).to(gamma.dtype) if bivector else None
@@ -368,7 +398,9 @@ def gpa_triton(
     key_valid = None
     if key_padding_mask is not None and not bool(key_padding_mask.all()):
         key_valid = key_padding_mask.to(device=query.device, dtype=torch.bool).to(torch.int8).contiguous()
-    documents = None if document_ids is None else document_ids.to(torch.int32).contiguous()
+    documents = None  # [3, B, Lk] int32: ids, first and last index of each token's document
+    if document_ids is not None:
+        documents = torch.stack((document_ids, *document_bounds(document_ids))).to(torch.int32).contiguous()
     return _GPATritonFunction.apply(query, key, value, gamma, causal, key_valid, documents, scaling, eps, bivector)
 
 
