@@ -65,6 +65,22 @@ if HAS_TRITON:
         return lo, hi
 
     @triton.jit
+    def _key_range(pid_m, q_len, k_len, q_offset, batch, DOC_FIRST, DOC_LAST, IS_CAUSAL: tl.constexpr,
+                   HAS_DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+        # [lo, hi): the keys query block pid_m visits: up to its last query (causal), inside its documents
+        lo = tl.full([], 0, tl.int32)
+        hi = tl.full([], 0, tl.int32) + k_len
+        if IS_CAUSAL:
+            hi = tl.minimum(hi, q_offset + (pid_m + 1) * BLOCK_M)
+        if HAS_DOCS:
+            row_first = tl.minimum(pid_m * BLOCK_M, q_len - 1) + q_offset
+            row_last = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, q_len - 1) + q_offset
+            doc_lo, doc_hi = _document_span(DOC_FIRST, DOC_LAST, batch, k_len, row_first, row_last)
+            lo = doc_lo // BLOCK_N * BLOCK_N
+            hi = tl.minimum(hi, doc_hi)
+        return lo, hi
+
+    @triton.jit
     def _form_dot(fixed, moving, PERMUTE_KEYS: tl.constexpr, PRECISION: tl.constexpr):
         # [M, N] products: fixed = queries, moving = key forms (PERMUTE_KEYS) or fixed = keys, moving = query forms
         if PERMUTE_KEYS:
@@ -139,16 +155,8 @@ if HAS_TRITON:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        lo = 0
-        hi = k_len
-        if IS_CAUSAL:
-            hi = tl.minimum(k_len, q_offset + (pid_m + 1) * BLOCK_M)
-        if HAS_DOCS:  # packed rows: only the key blocks of the block's documents
-            row_first = tl.minimum(pid_m * BLOCK_M, q_len - 1) + q_offset
-            row_last = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, q_len - 1) + q_offset
-            doc_lo, doc_hi = _document_span(DOC_FIRST, DOC_LAST, batch, k_len, row_first, row_last)
-            lo = doc_lo // BLOCK_N * BLOCK_N
-            hi = tl.minimum(hi, doc_hi)
+        lo, hi = _key_range(pid_m, q_len, k_len, q_offset, batch, DOC_FIRST, DOC_LAST,
+                            IS_CAUSAL, HAS_DOCS, BLOCK_M, BLOCK_N)  # fmt: skip
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_mask = offs_n < k_len
@@ -267,16 +275,8 @@ if HAS_TRITON:
         lse = tl.load(LSE + bh * q_len + offs_m, mask=m_mask, other=0.0)
         delta = tl.load(DELTA + bh * q_len + offs_m, mask=m_mask, other=0.0)
         dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        lo = 0
-        hi = k_len
-        if IS_CAUSAL:
-            hi = tl.minimum(k_len, q_offset + (pid_m + 1) * BLOCK_M)
-        if HAS_DOCS:  # packed rows: only the key blocks of the block's documents
-            row_first = tl.minimum(pid_m * BLOCK_M, q_len - 1) + q_offset
-            row_last = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, q_len - 1) + q_offset
-            doc_lo, doc_hi = _document_span(DOC_FIRST, DOC_LAST, batch, k_len, row_first, row_last)
-            lo = doc_lo // BLOCK_N * BLOCK_N
-            hi = tl.minimum(hi, doc_hi)
+        lo, hi = _key_range(pid_m, q_len, k_len, q_offset, batch, DOC_FIRST, DOC_LAST,
+                            IS_CAUSAL, HAS_DOCS, BLOCK_M, BLOCK_N)  # fmt: skip
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_mask = offs_n < k_len
