@@ -124,9 +124,14 @@ def check_pct(rows: list[dict[str, Any]], dtypes: list[Any], quick: bool) -> Non
 
 
 def check_gpa(rows: list[dict[str, Any]], dtypes: list[Any], quick: bool) -> None:
+    from functools import partial
+
     import torch
 
-    from zpx_hf.ops_gpa import gpa_naive, gpa_triton
+    from zpx_hf.ops_gpa import geometric_product_attention
+
+    gpa_naive = partial(geometric_product_attention, kernel="naive")
+    gpa_triton = partial(geometric_product_attention, kernel="triton")
 
     shapes = [(1, 2, 1, 32), (2, 2, 67, 64), (1, 3, 300, 96)] + ([] if quick else [(2, 2, 1031, 64)])
     shapes = shapes[:2] if SMOKE else shapes
@@ -196,7 +201,7 @@ def check_rra(rows: list[dict[str, Any]], quick: bool) -> None:
             compare(
                 f"rra {accumulate} B={batch} L={length} H={heads}",
                 op("triton", accumulate),
-                op("sequential", accumulate),
+                op("naive", accumulate),
                 [scaled.requires_grad_(True), value.requires_grad_(True), initial.requires_grad_(True)],
                 ["dbivectors", "dvalue", "dinitial"],
                 torch.float32,

@@ -8,28 +8,26 @@ pytest.importorskip("triton")
 BODY = """
 from zpx_hf import ops_gpa_triton
 
-try:  # the RRA kernels live in ops_rra_triton once ops_rra is split into reference and kernels
-    from zpx_hf import ops_rra_triton as rra_kernels
-except ImportError:
-    from zpx_hf import ops_rra as rra_kernels
+from zpx_hf import ops_rra_triton as rra_kernels
 
 def gpa_types(dtype):
     p, f = "*" + dtype, "*fp32"
     types = dict(Q=p, K=p, V=p, O=p, DO=p, DK=p, DV=p, DQ=p, GAMMA=f, FORM_SIGN=f, QUERY_SIGN=f, LSE=f, DELTA=f,
-                 DGAMMA=f, FORM_INDEX="*i32", KEY_VALID="*i8", scale="fp32", eps="fp32")
+                 DGAMMA=f, FORM_INDEX="*i32", KEY_VALID="*i8", DOCS="*i32",
+                 DOC_FIRST="*i32", DOC_LAST="*i32", scale="fp32", eps="fp32")
     types.update({n: "i32" for n in ("num_heads", "q_len", "k_len", "dim", "q_offset", "num_key_blocks")})
     return types
 
 kernels = (ops_gpa_triton._gpa_fwd_kernel, ops_gpa_triton._gpa_bwd_dkdv_kernel, ops_gpa_triton._gpa_bwd_dq_kernel)
 for dtype, precision in (("fp32", "tf32x3"), ("bf16", "default")):
-    flags = dict(IS_CAUSAL=True, HAS_PADDING=True, BIVECTOR=True, PRECISION=precision, BLOCK_M=64, BLOCK_N=32,
-                 BLOCK_D=64)
+    flags = dict(IS_CAUSAL=True, HAS_PADDING=True, HAS_DOCS=True, BIVECTOR=True, PRECISION=precision, BLOCK_M=64,
+                 BLOCK_N=32, BLOCK_D=64)
     for fn in kernels:
         compile_kernel(fn, gpa_types(dtype), flags)
 rotor_types = {n: "*fp32" for n in ("ROTORS", "INITIAL", "OUT", "GRAD", "GRAD_ROTORS", "GRAD_INITIAL")}
-rotor_types.update(num_seq="i32", seq_len="i32", renorm_every="i32")
-compile_kernel(rra_kernels._rotor_scan_fwd_kernel, rotor_types, dict(BLOCK_S=32, RENORM=True))
-compile_kernel(rra_kernels._rotor_scan_bwd_kernel, rotor_types, dict(BLOCK_S=32))
+rotor_types.update(RESTARTS="*i8", num_seq="i32", seq_len="i32", renorm_every="i32")
+compile_kernel(rra_kernels._rotor_scan_fwd_kernel, rotor_types, dict(BLOCK_S=32, RENORM=True, HAS_RESTARTS=True))
+compile_kernel(rra_kernels._rotor_scan_bwd_kernel, rotor_types, dict(BLOCK_S=32, HAS_RESTARTS=True))
 """
 
 

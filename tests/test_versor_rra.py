@@ -60,9 +60,9 @@ def _multivector_reference(bivectors, value, accumulate, initial):
 
 @pytest.mark.parametrize("accumulate", RRA_ACCUMULATE)
 @pytest.mark.parametrize("shape", GRID, ids=GRID_IDS)
-def test_sequential_equals_float64_multivector_formula(shape, accumulate):
+def test_naive_equals_float64_multivector_formula(shape, accumulate):
     bivectors, value, initial = (x.detach() for x in _inputs(*shape, accumulate))
-    out, state = _run("sequential", accumulate, bivectors, value, initial)
+    out, state = _run("naive", accumulate, bivectors, value, initial)
     expected, expected_state = _multivector_reference(bivectors, value, accumulate, initial)
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10 * float(expected.abs().max()))
     torch.testing.assert_close(state, expected_state, rtol=1e-10, atol=1e-10)
@@ -89,25 +89,25 @@ NAMES = ("output", "state", "d bivectors", "d value", "d initial")
 @pytest.mark.parametrize("with_initial", [False, True], ids=["from-1", "from-state"])
 @pytest.mark.parametrize("accumulate", RRA_ACCUMULATE)
 @pytest.mark.parametrize("shape", GRID, ids=GRID_IDS)
-@pytest.mark.parametrize("kernel", ["scan", "recurrent"])
-def test_fast_paths_equal_sequential_float64(kernel, shape, accumulate, with_initial):
-    # "recurrent" is the decode step (ops_rra_step) in a loop; "auto" picks it for one token
+@pytest.mark.parametrize("kernel", ["cpu", "decode"])
+def test_fast_paths_equal_naive_float64(kernel, shape, accumulate, with_initial):
+    # "decode" is the decode step (ops_rra_step) in a loop; "auto" picks it for one token
     leaves = _inputs(*shape, accumulate, with_initial=with_initial)
     got = _forward_and_grads(kernel, accumulate, leaves)
-    want = _forward_and_grads("sequential", accumulate, leaves)
+    want = _forward_and_grads("naive", accumulate, leaves)
     _assert_all_close(got, want, NAMES, rel=1e-10)
 
 
 @pytest.mark.parametrize("accumulate", RRA_ACCUMULATE)
 def test_auto_runs_the_step_for_one_token_and_the_scan_otherwise(accumulate, monkeypatch):
-    from zpx_hf import ops_rra
+    from zpx_hf import ops_rra_step
 
     calls = []
-    monkeypatch.setattr(ops_rra, "rra_step", lambda *a: calls.append("step") or rra_step(*a))
+    monkeypatch.setattr(ops_rra_step, "rra_step", lambda *a: calls.append("step") or rra_step(*a))
     leaves = _inputs(2, 1, 3, 2, accumulate)
     got = _forward_and_grads("auto", accumulate, leaves)
     assert calls == ["step"]
-    _assert_all_close(got, _forward_and_grads("sequential", accumulate, leaves), NAMES, rel=1e-10)
+    _assert_all_close(got, _forward_and_grads("naive", accumulate, leaves), NAMES, rel=1e-10)
     _run("auto", accumulate, *_inputs(2, 5, 3, 2, accumulate))
     assert calls == ["step"]  # longer sequences: the scan
 
@@ -126,17 +126,17 @@ def test_step_keeps_the_state_on_the_group_over_many_tokens():
 @needs_triton
 @pytest.mark.parametrize("accumulate", RRA_ACCUMULATE)
 @pytest.mark.parametrize("shape", GRID[:3], ids=GRID_IDS[:3])
-def test_triton_equals_sequential(shape, accumulate):
+def test_triton_equals_naive(shape, accumulate):
     # the kernel runs in float32: compare with the reference in float64, within 10 L float32 eps of each
     # quantity's largest entry (rounding accumulates along the sequence)
     leaves = _inputs(*shape, accumulate)
-    want = _forward_and_grads("sequential", accumulate, leaves)
+    want = _forward_and_grads("naive", accumulate, leaves)
     got = _forward_and_grads("triton", accumulate, [x.detach().float().requires_grad_(True) for x in leaves])
     rel = 10 * max(shape[1], 10) * torch.finfo(torch.float32).eps
     _assert_all_close([g.double() for g in got], want, NAMES, rel=rel)
 
 
-@pytest.mark.parametrize("kernel", ["sequential", "scan", "recurrent", "auto"])
+@pytest.mark.parametrize("kernel", ["naive", "cpu", "decode", "auto"])
 @pytest.mark.parametrize("accumulate", RRA_ACCUMULATE)
 def test_continuing_from_the_state_equals_one_call(kernel, accumulate):
     bivectors, value, initial = (x.detach() for x in _inputs(2, 23, 2, 2, accumulate))
@@ -164,7 +164,7 @@ def test_trajectory_is_the_accumulated_rotor():
 
 def test_zero_bivectors_and_empty_sequences():
     value = torch.randn(2, 5, 3, 2, 32)
-    for kernel in ("sequential", "scan", "recurrent"):
+    for kernel in ("naive", "cpu", "decode"):
         out, state = _run(kernel, "compact", torch.zeros(2, 5, 3, 10), value)
         torch.testing.assert_close(out, value, rtol=1e-6, atol=1e-6)
         assert torch.equal(state[..., 0], torch.ones(2, 3))
@@ -178,7 +178,7 @@ def test_16k_tokens_stay_on_the_group():
     generator = torch.Generator().manual_seed(0)
     bivectors = torch.tanh(torch.randn(1, length, 2, 10, generator=generator))
     value = torch.randn(1, length, 2, 1, 32, generator=generator)
-    out, state = _run("scan", "compact", bivectors, value)
+    out, state = _run("cpu", "compact", bivectors, value)
     assert torch.isfinite(out).all()
     assert float(rotor_norm_error(to_matrix(state)).max()) < 1e-5
     trajectory = rotor_trajectory(bivectors)
@@ -189,8 +189,8 @@ def test_float32_gradient_close_to_float64():
     # the same math in float32 and float64 (1,024 tokens): the fast path's rounding stays small
     leaves64 = _inputs(1, 1024, 2, 2, "compact")
     leaves32 = [x.detach().float().requires_grad_(True) for x in leaves64]
-    want = _forward_and_grads("scan", "compact", leaves64)
-    got = _forward_and_grads("scan", "compact", leaves32)
+    want = _forward_and_grads("cpu", "compact", leaves64)
+    got = _forward_and_grads("cpu", "compact", leaves32)
     _assert_all_close([g.double() for g in got], want, NAMES, rel=1e-4)
 
 
@@ -198,12 +198,12 @@ def test_float32_gradient_close_to_float64():
 @pytest.mark.parametrize("accumulate", RRA_ACCUMULATE)
 def test_bf16_runs_the_algebra_in_float32(mixed, accumulate):
     bivectors, value, initial = _inputs(2, 40, 2, 2, accumulate, dtype=torch.float32)
-    ref_out, ref_state = _run("scan", accumulate, bivectors, value, initial)
+    ref_out, ref_state = _run("cpu", accumulate, bivectors, value, initial)
     if mixed == "autocast":
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            out, state = _run("scan", accumulate, bivectors, value.bfloat16(), initial)
+            out, state = _run("cpu", accumulate, bivectors, value.bfloat16(), initial)
     else:
-        out, state = _run("scan", accumulate, bivectors.bfloat16(), value.bfloat16(), initial)
+        out, state = _run("cpu", accumulate, bivectors.bfloat16(), value.bfloat16(), initial)
     assert out.dtype == torch.bfloat16 and state.dtype == torch.float32
     # inputs rounded to bf16 (2^-8 relative) and the output rounded once: a few bf16 ulps of |y|, not drift
     bound = 4 * 2.0**-8 * float(ref_out.detach().abs().max())
@@ -215,7 +215,7 @@ def test_bf16_runs_the_algebra_in_float32(mixed, accumulate):
 
 def test_bad_arguments_are_named():
     bivectors, value = torch.zeros(1, 3, 2, 10), torch.zeros(1, 3, 2, 1, 32)
-    with pytest.raises(ValueError, match="kernel='fast'.*'scan'"):
+    with pytest.raises(ValueError, match="kernel='fast'.*'cpu'"):
         recursive_rotor_accumulator(bivectors, value, kernel="fast")
     with pytest.raises(ValueError, match="accumulate='boosts'.*'compact'"):
         recursive_rotor_accumulator(bivectors, value, accumulate="boosts")
@@ -233,6 +233,6 @@ def test_triton_on_gpu_16k_matches_scan():
     bivectors = torch.tanh(torch.randn(2, length, 4, 10, device="cuda")).requires_grad_(True)
     value = torch.randn(2, length, 4, 2, 32, device="cuda", requires_grad=True)
     got = _forward_and_grads("triton", "compact", [bivectors, value])
-    want = _forward_and_grads("scan", "compact", [bivectors, value])
+    want = _forward_and_grads("cpu", "compact", [bivectors, value])
     assert float(rotor_norm_error(to_matrix(got[1])).max()) < 1e-5
     _assert_all_close(got, want, NAMES[:4], rel=1e-3)

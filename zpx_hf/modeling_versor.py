@@ -9,10 +9,13 @@ between blocks and viewed as `[B, L, C, 32]` inside them. Blocks are the shared 
 with a grade-aware RMS norm, channel-mixing linear maps with one weight per grade (they commute with
 the grade projections), a scalar-gated MLP, and a mixer per layer: geometric product attention
 (`ops_gpa.py`) or the recursive rotor accumulator (`ops_rra.py`). Both dispatch on `attn_implementation`:
-`"eager"` runs the readable references, `"sdpa"` the fast paths (Triton on CUDA, chunked / scanned
-PyTorch on CPU; for RRA during generation, a single-token step of few ops, `ops_rra_step.py`).
+`"eager"` runs the readable references (kernel "naive"), `"sdpa"` the fast paths (kernel "auto": Triton on
+CUDA, the "cpu" kernels elsewhere, RRA's "decode" step for one token); the ops entry points resolve it.
 `VersorCache` holds, per layer, the multivector keys/values of GPA layers and only the rotor state of RRA
 layers (O(1) per token).
+
+Packed rows (several documents per row, as `DataCollatorWithFlattening` and TRL's packing make) reach the
+mixers as `document_ids` [B, L]: GPA attends only inside a document, RRA restarts its rotor at each one.
 """
 
 from __future__ import annotations
@@ -37,35 +40,41 @@ from .modeling_common import (
     GeometricPreTrainedModel,
     attention_implementation,
 )
-from .ops_gpa import geometric_product_attention
-from .ops_gpa_naive import gpa_naive_weights
+from .ops_common import document_ids_from_cu_seq_lens, document_ids_from_position_ids
+from .ops_gpa import geometric_product_attention, gpa_with_weights
 from .ops_rra import recursive_rotor_accumulator
 
 
 def gpa_eager(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, gamma: torch.Tensor, **kwargs: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The readable path (`gpa_naive`'s formula): softmax weights materialised once, out = weights V; the weights
-    are returned as the attention weights, the very tensor the output is computed from (as transformers' eager
-    paths return theirs), so gradients reach them."""
-    weights = gpa_naive_weights(query, key, gamma, **kwargs)  # float32 at least, as in gpa_naive
-    with torch.autocast(query.device.type, enabled=False):
-        output = torch.matmul(weights, value.to(weights.dtype)).to(query.dtype)
-    return output, weights.to(query.dtype)
+    """The readable path (kernel "naive"); also returns the attention weights the output is computed from."""
+    return gpa_with_weights(query, key, value, gamma, **kwargs)
 
 
 def gpa_sdpa(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, gamma: torch.Tensor, **kwargs: Any
 ) -> tuple[torch.Tensor, None]:
-    """The fast path: Triton on CUDA, the O(L)-memory chunked PyTorch path elsewhere."""
+    """The fast path: the ops entry resolves "auto" (Triton on CUDA, the O(L)-memory "cpu" kernel elsewhere)."""
     return geometric_product_attention(query, key, value, gamma, kernel="auto", **kwargs), None
 
 
 # Model-local registry: "eager" falls back to the reference passed to `get_interface`.
 ALL_ATTENTION_FUNCTIONS = AttentionInterface()
 ALL_ATTENTION_FUNCTIONS["sdpa"] = gpa_sdpa
-# The rotor accumulator has no attention matrix; the same two names pick its scan.
-RRA_KERNEL_BY_IMPLEMENTATION = {"eager": "sequential", "sdpa": "auto"}
+# The rotor accumulator has no attention matrix; the same two names pick its kernel.
+RRA_KERNEL_BY_IMPLEMENTATION = {"eager": "naive", "sdpa": "auto"}
+
+
+def mixer_document_ids(
+    document_ids: torch.Tensor | None, position_embeddings: Any, padding_mask: torch.Tensor | None
+) -> torch.Tensor | None:
+    """The document ids a mixer uses: the backbone's `document_ids` when given; until the shared backbone
+    passes them, those `VersorModel.position_embeddings` derived from packed position ids, read as documents
+    only without a padding mask (left padding from `generate` restarts positions too)."""
+    if document_ids is not None:
+        return document_ids
+    return position_embeddings if padding_mask is None else None
 
 
 class VersorCache:
@@ -83,6 +92,7 @@ class VersorCache:
         self.keys: list[torch.Tensor | None] = [None] * len(self.mixers)
         self.values: list[torch.Tensor | None] = [None] * len(self.mixers)
         self.rotors: list[torch.Tensor | None] = [None] * len(self.mixers)
+        self.documents: list[torch.Tensor | None] = [None] * len(self.mixers)  # GPA keys' ids, packed rows only
         self.lengths = [0] * len(self.mixers)
         self.key_rows = [GrowingRows() for _ in self.mixers]
         self.value_rows = [GrowingRows() for _ in self.mixers]
@@ -108,6 +118,22 @@ class VersorCache:
         self.keys[layer_idx], self.values[layer_idx] = key, value
         return key, value
 
+    def update_documents(self, document_ids: torch.Tensor | None, layer_idx: int, length: int) -> torch.Tensor | None:
+        """Document ids [B, past + L] of a GPA layer's keys after `update` appended `length` tokens with ids
+        `document_ids` [B, L] (None: they continue each row's last document); None while every row is one
+        document. A chunk's id 0 continues the row's last cached document."""
+        past = self.documents[layer_idx]
+        if document_ids is None and past is None:
+            return None
+        past_length = self.lengths[layer_idx] - length
+        if past is None:  # the cached tokens so far: one document per row
+            device = document_ids.device
+            past = torch.zeros(document_ids.shape[0], past_length, dtype=torch.long, device=device)
+        last = past[:, -1:] if past_length else past.new_zeros(past.shape[0], 1)
+        chunk = last.expand(-1, length) if document_ids is None else document_ids.to(past.device) + last
+        self.documents[layer_idx] = torch.cat((past, chunk), dim=1)
+        return self.documents[layer_idx]
+
     def get_rotor(self, layer_idx: int) -> torch.Tensor | None:
         return self.rotors[layer_idx]
 
@@ -117,7 +143,7 @@ class VersorCache:
         self.lengths[layer_idx] += length
 
     def _map(self, fn) -> None:
-        for store in (self.keys, self.values, self.rotors):
+        for store in (self.keys, self.values, self.rotors, self.documents):
             for i, tensor in enumerate(store):
                 if tensor is not None:
                     store[i] = fn(tensor)
@@ -270,11 +296,14 @@ class VersorGPA(nn.Module):
         past_key_values: VersorCache | None = None,
         output_attentions: bool = False,
         kv_length: int | None = None,
+        document_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
         batch, length = hidden_states.shape[:2]
+        document_ids = mixer_document_ids(document_ids, position_embeddings, padding_mask)
         query, key, value = self.project(hidden_states)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
+            document_ids = past_key_values.update_documents(document_ids, self.layer_idx, length)
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
             attention_implementation(self.config, output_attentions), gpa_eager
         )
@@ -285,6 +314,7 @@ class VersorGPA(nn.Module):
             self.gamma,
             causal=self.is_causal,
             key_padding_mask=padding_mask,
+            document_ids=document_ids,
             scaling=self.scaling,
             eps=self.config.gpa_eps,
             bivector=self.config.gpa_bivector,
@@ -327,8 +357,10 @@ class VersorRRA(nn.Module):
         past_key_values: VersorCache | None = None,
         output_attentions: bool = False,
         kv_length: int | None = None,
+        document_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, None, None]:
         batch, length = hidden_states.shape[:2]
+        document_ids = mixer_document_ids(document_ids, position_embeddings, padding_mask)
         bivectors = self.bivectors(hidden_states)
         if padding_mask is not None:  # [B, past + L] -> this chunk's tokens
             bivectors = bivectors * padding_mask[:, -length:, None, None].to(bivectors.dtype)
@@ -341,6 +373,7 @@ class VersorRRA(nn.Module):
             value,
             accumulate=self.config.rra_accumulate,
             initial=initial,
+            document_ids=None if document_ids is None else document_ids[:, -length:],
             kernel=RRA_KERNEL_BY_IMPLEMENTATION[implementation],
         )
         if past_key_values is not None:
@@ -402,6 +435,34 @@ class VersorModel(GeometricModel, VersorPreTrainedModel):
 
     def new_cache(self) -> VersorCache:
         return VersorCache(self.config)
+
+    def position_embeddings(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor | None:
+        """Versor has no positional encoding; its positions only tell packed documents apart: the document ids
+        of position ids that restart at 0 inside a row (None when none does). Read by `mixer_document_ids`
+        until the shared backbone passes `document_ids` itself."""
+        if torch.compiler.is_compiling() and position_ids.dim() == 2 and position_ids.shape[-1] > 1:
+            # no host read ("does any row restart?") in a compiled graph: the ids always (all 0 when unpacked)
+            restarts = (position_ids[:, 1:] == 0).long().cumsum(-1)
+            return torch.cat((torch.zeros_like(restarts[:, :1]), restarts), dim=-1)
+        return document_ids_from_position_ids(position_ids)
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, *args: Any, **kwargs: Any) -> Any:
+        """The shared backbone's forward; flash-attention's `cu_seq_lens_q`/`_k` (padding-free collators), when
+        given, set the documents: they win over `attention_mask` and `position_ids`."""
+        cu_seq_lens = kwargs.pop("cu_seq_lens_q", None)
+        cu_seq_lens = kwargs.pop("cu_seq_lens_k", None) if cu_seq_lens is None else cu_seq_lens
+        for name in ("cu_seq_lens_k", "max_length_q", "max_length_k"):
+            kwargs.pop(name, None)
+        if cu_seq_lens is not None:
+            tokens = input_ids if input_ids is not None else kwargs.get("inputs_embeds")
+            batch, length = tokens.shape[:2]
+            documents = document_ids_from_cu_seq_lens(cu_seq_lens.to(tokens.device), batch, length)
+            starts = torch.ones_like(documents, dtype=torch.bool)
+            starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+            steps = torch.arange(length, device=tokens.device).expand(batch, length)
+            position_ids = steps - torch.where(starts, steps, 0).cummax(-1).values  # 0 at each document's start
+            attention_mask = None
+        return super().forward(input_ids, attention_mask, position_ids, *args, **kwargs)
 
     def check_cache(self, cache: Any) -> None:
         if cache is not None and not isinstance(cache, VersorCache):

@@ -1,21 +1,21 @@
-"""Geometric product attention (GPA, SPEC §4): the entry point and the kernel dispatch.
+"""Geometric product attention (GPA, SPEC §4): the one entry point, its checks, dispatch and shared tables.
 
     S_ij = ( <Q_i ~K_j>_0 + gamma_h * sqrt(sum_C <Q_i ~K_j>_C^2 + eps) ) * scaling,   C over the 10 bivectors
     out_i = sum_j softmax_j(S_ij) V_j              (bivector=False: S_ij = <Q_i ~K_j>_0 * scaling)
 
-Three paths compute this one function (same signature, compared against each other in the tests):
+Query i sees key j when j <= Lk - Lq + i (causal; query i sits at that absolute position when decoding
+over a cache), j is not padding, and both lie in one document (`document_ids`, packed rows). A query row
+with no visible key outputs zeros. Kernels (`GPA_KERNELS`, one signature, compared in the tests):
 
-* `"naive"`   `ops_gpa_naive.gpa_naive`: the formula materialised, O(L^2) memory; also the attention
-  weights (`gpa_attention_weights`) and the score parts for inspection (`gpa_score_parts`).
-* `"chunked"` `ops_gpa_chunked.gpa_chunked`: query panels, causal key blocks, online softmax and a
-  recomputing backward in PyTorch, O(L) memory: the CPU path.
-* `"triton"`  `ops_gpa_triton.gpa_triton`: the fused flash-style kernels, O(L) memory: the CUDA path.
+* `"naive"`  `ops_gpa_naive.gpa_naive`: the formula materialised, O(L^2) memory (the reference).
+* `"cpu"`    `ops_gpa_chunked.gpa_chunked`: query panels, key blocks, online softmax and a recomputing
+  backward in PyTorch, O(L) memory (earlier name: "chunked").
+* `"triton"` `ops_gpa_triton.gpa_triton`: fused flash-style kernels, O(L) memory (CUDA).
 
-`kernel="auto"` takes Triton for CUDA tensors when Triton imports, else "chunked"; with `bivector=False`
-it takes SDPA on Q . (sign_0 * K) (the scalar part is one signed dot product), which gives the same
-numbers. Query i sits at absolute position Lk - Lq + i (decoding with a cache); a query row with no
-visible key (a left-padding row) outputs zeros on every path. bf16/fp16 inputs or autocast: the norm and
-softmax statistics are computed in fp32 and the output has the query's dtype.
+`geometric_product_attention` checks the inputs once, resolves the default scaling and `kernel="auto"`
+(Triton for CUDA tensors when Triton imports, else "cpu"; with `bivector=False` SDPA on Q . (sign_0 * K),
+the same numbers), turns autocast off and returns the query's dtype; kernels only compute. bf16/fp16
+inputs: the norm and the softmax statistics are computed in fp32.
 """
 
 from __future__ import annotations
@@ -23,46 +23,170 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .clifford_algebra import NUM_BLADES
-from .modeling_blocks import visible_keys
-from .ops_gpa_chunked import gpa_chunked
-from .ops_gpa_naive import (
-    check_gpa_inputs,
-    compute_dtype,
-    form_tables,
-    gpa_naive,
-    gpa_naive_weights,
-    score_parts,
-)
-from .ops_gpa_triton import HAS_TRITON, gpa_triton
+from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, conformal_algebra
+from .ops_common import HAS_TRITON, compute_dtype
 
-GPA_KERNELS = ("naive", "chunked", "triton")
-_KERNEL_FUNCTIONS = {"naive": gpa_naive, "chunked": gpa_chunked, "triton": gpa_triton}
+NUM_FORMS = 1 + len(BIVECTOR_MASKS)  # scalar + 10 bivector coefficients
+
+
+def _build_form_tables() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    index, sign = conformal_algebra().bilinear_forms(torch.tensor((0,) + BIVECTOR_MASKS, device="cpu"))
+    query_sign = torch.gather(sign, 1, index)
+    return index, sign.float(), query_sign.float()
+
+
+# Built at import: under torch.compile `form_tables` then reads constants (see clifford_algebra).
+_FORM_TABLES = _build_form_tables()
+
+
+def form_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[11, 32] tables: index[m, A] = A xor C_m, key-side sign[m, A] and query-side sign[m, A xor C_m].
+
+    <P>_{C_m} = sum_A Q_A sign[m, A] K_{index[m, A]} = sum_B query_sign[m, B] Q_{index[m, B]} K_B."""
+    index, sign, query_sign = _FORM_TABLES
+    return index.to(device), sign.to(device), query_sign.to(device)
+
+
+def visible_keys(
+    q_len: int,
+    k_len: int,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """Bool [B|1, 1, Lq, Lk], True where query i (absolute position Lk - Lq + i) may see key j; None = all."""
+    visible = None
+    if causal and q_len > 1:  # a single query is the last position: it sees every key
+        q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+        visible = (torch.arange(k_len, device=device)[None, :] <= q_pos)[None, None]
+    if key_padding_mask is not None:
+        keys = key_padding_mask.to(device=device, dtype=torch.bool)[:, None, None, :]
+        visible = keys if visible is None else visible & keys
+    if document_ids is not None:  # packed rows: query and key in one document
+        same = document_ids[:, None, k_len - q_len :, None] == document_ids[:, None, None, :]
+        visible = same if visible is None else visible & same
+    return visible
+
+
+def document_bounds(document_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first, last) [B, L] int64: the index of the first and of the last token of each token's document
+    (ids are non-decreasing along a row); the keys a query can see lie in [first, last] of its position."""
+    length = document_ids.shape[-1]
+    positions = torch.arange(length, device=document_ids.device).expand_as(document_ids)
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    ends = torch.ones_like(starts)
+    ends[:, :-1] = starts[:, 1:]
+    first = torch.where(starts, positions, 0).cummax(-1).values
+    last = torch.where(ends, positions, length - 1).flip(-1).cummin(-1).values.flip(-1)
+    return first, last
+
+
+# The kernels import the tables and the mask above from here, so they are defined first.
+from .ops_gpa_chunked import gpa_chunked  # noqa: E402
+from .ops_gpa_naive import gpa_naive, gpa_naive_weights, score_parts  # noqa: E402
+from .ops_gpa_triton import gpa_triton  # noqa: E402
+
+GPA_KERNELS = ("naive", "cpu", "triton")
+# Names earlier versions used (configs, scripts, benchmarks): the same kernels.
+LEGACY_GPA_KERNELS = {"chunked": "cpu", "reference": "naive"}
+
+
+def check_gpa_inputs(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor | None,
+    gamma: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
+    scaling: float | None,
+    eps: float,
+) -> None:
+    """ValueError naming the argument when shapes, dtypes or settings do not fit the contract."""
+    if query.dim() != 4 or key.dim() != 4:
+        raise ValueError(
+            f"GPA expects query [B, H, Lq, D] and key [B, H, Lk, D]; got query {tuple(query.shape)}, "
+            f"key {tuple(key.shape)}."
+        )
+    batch, heads, q_len, dim = query.shape
+    k_len = key.shape[2]
+    if dim == 0 or dim % NUM_BLADES != 0:
+        raise ValueError(f"GPA head dim (query.shape[-1]) must be a positive multiple of 32; got {dim}.")
+    if key.shape[:2] != query.shape[:2] or key.shape[-1] != dim:
+        raise ValueError(f"key must be [B, H, Lk, D] = [{batch}, {heads}, Lk, {dim}]; got {tuple(key.shape)}.")
+    if value is not None and value.shape != key.shape:
+        raise ValueError(f"value must have key's shape {tuple(key.shape)}; got {tuple(value.shape)}.")
+    if q_len > k_len:
+        raise ValueError(f"GPA needs Lq <= Lk (queries are the last Lq keys' positions); got Lq={q_len}, Lk={k_len}.")
+    tensors = (query, key) if value is None else (query, key, value)
+    if not query.is_floating_point() or any(t.dtype != query.dtype for t in tensors):
+        raise ValueError(f"query, key and value must share one floating dtype; got {[str(t.dtype) for t in tensors]}.")
+    if gamma is not None and tuple(gamma.shape) != (heads,):
+        raise ValueError(f"gamma must be [H] = [{heads}]; got {tuple(gamma.shape)}.")
+    if key_padding_mask is not None:
+        if tuple(key_padding_mask.shape) != (batch, k_len):
+            raise ValueError(
+                f"key_padding_mask must be [B, Lk] = [{batch}, {k_len}] (True = real token); "
+                f"got {tuple(key_padding_mask.shape)}."
+            )
+        if key_padding_mask.dtype != torch.bool and not bool(((key_padding_mask == 0) | (key_padding_mask == 1)).all()):
+            raise ValueError("key_padding_mask must hold only 0/1 (or bool) values; got other values.")
+    if document_ids is not None and (
+        tuple(document_ids.shape) != (batch, k_len) or document_ids.is_floating_point() or document_ids.is_complex()
+    ):
+        raise ValueError(
+            f"document_ids must be an integer [B, Lk] = [{batch}, {k_len}] tensor (equal within a document, "
+            f"ops_common.document_ids_from_position_ids); got {document_ids.dtype} {tuple(document_ids.shape)}."
+        )
+    if scaling is not None and not (float(scaling) > 0 and float(scaling) != float("inf")):
+        raise ValueError(f"scaling must be a finite positive number or None (1/sqrt(D)); got {scaling}.")
+    if not (float(eps) > 0 and float(eps) != float("inf")):
+        raise ValueError(f"eps must be a finite positive number; got {eps}.")
+
+
+def resolve_gpa_kernel(kernel: str, query: torch.Tensor, bivector: bool) -> str:
+    """The kernel that runs: a name of `GPA_KERNELS` (old names mapped), or "scalar_sdpa" for
+    `kernel="auto"` with `bivector=False`."""
+    kernel = LEGACY_GPA_KERNELS.get(kernel, kernel)
+    if kernel == "auto":
+        if not bivector:
+            return "scalar_sdpa"
+        return "triton" if HAS_TRITON and query.is_cuda else "cpu"
+    if kernel not in GPA_KERNELS:
+        raise ValueError(f"kernel={kernel!r} is unknown; use 'auto' or one of {list(GPA_KERNELS)}.")
+    if kernel == "triton" and not HAS_TRITON:
+        raise ValueError("kernel='triton' needs the `triton` package; install it or use kernel='cpu'.")
+    return kernel
 
 
 def _scalar_sdpa(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
+    gamma: torch.Tensor,
     *,
     causal: bool,
     key_padding_mask: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
     scaling: float,
+    eps: float,
+    bivector: bool,
 ) -> torch.Tensor:
     """bivector=False: S = <Q ~K>_0 * scaling = (Q . (sign_0 * K)) * scaling through SDPA."""
     q_len, k_len = query.shape[2], key.shape[2]
     dtype = compute_dtype(query)
-    with torch.autocast(query.device.type, enabled=False):
-        signed_key = key.to(dtype) * form_tables(query.device)[1][0].to(dtype).repeat(key.shape[-1] // NUM_BLADES)
-        q, v = query.to(dtype), value.to(dtype)
-        if key_padding_mask is None and (not causal or q_len == k_len or q_len == 1):
-            out = F.scaled_dot_product_attention(q, signed_key, v, is_causal=causal and q_len > 1, scale=scaling)
-        else:
-            visible = visible_keys(q_len, k_len, causal, key_padding_mask, query.device)
-            has_key = visible.any(-1, keepdim=True)  # empty rows: opened for SDPA, then zeroed
-            out = F.scaled_dot_product_attention(q, signed_key, v, attn_mask=visible | ~has_key, scale=scaling)
-            out = out * has_key
-    return out.to(query.dtype)
+    signed_key = key.to(dtype) * form_tables(query.device)[1][0].to(dtype).repeat(key.shape[-1] // NUM_BLADES)
+    q, v = query.to(dtype), value.to(dtype)
+    if key_padding_mask is None and document_ids is None and (not causal or q_len == k_len or q_len == 1):
+        return F.scaled_dot_product_attention(q, signed_key, v, is_causal=causal and q_len > 1, scale=scaling)
+    visible = visible_keys(q_len, k_len, causal, key_padding_mask, document_ids, query.device)
+    has_key = visible.any(-1, keepdim=True)  # empty rows: opened for SDPA, then zeroed
+    out = F.scaled_dot_product_attention(q, signed_key, v, attn_mask=visible | ~has_key, scale=scaling)
+    return out * has_key
+
+
+_KERNEL_FUNCTIONS = {"naive": gpa_naive, "cpu": gpa_chunked, "triton": gpa_triton, "scalar_sdpa": _scalar_sdpa}
 
 
 def geometric_product_attention(
@@ -73,6 +197,7 @@ def geometric_product_attention(
     *,
     causal: bool,
     key_padding_mask: torch.Tensor | None = None,
+    document_ids: torch.Tensor | None = None,
     scaling: float | None = None,
     eps: float = 1e-6,
     bivector: bool = True,
@@ -80,27 +205,61 @@ def geometric_product_attention(
 ) -> torch.Tensor:
     """GPA output [B, H, Lq, D] for query [B, H, Lq, D], key/value [B, H, Lk, D], gamma [H].
 
-    `key_padding_mask` [B, Lk] (True/1 = real token); `scaling` defaults to 1/sqrt(D); `kernel` is
-    "auto" or one of `GPA_KERNELS`."""
-    if kernel != "auto" and kernel not in GPA_KERNELS:
-        raise ValueError(f"kernel={kernel!r} is unknown; use 'auto' or one of {list(GPA_KERNELS)}.")
-    check_gpa_inputs(query, key, value, gamma, key_padding_mask, scaling, eps)
-    if kernel == "auto":
-        if not bivector:
-            scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-            return _scalar_sdpa(query, key, value, causal=causal, key_padding_mask=key_padding_mask, scaling=scaling)
-        kernel = "triton" if HAS_TRITON and query.is_cuda else "chunked"
-    return _KERNEL_FUNCTIONS[kernel](
-        query,
-        key,
-        value,
-        gamma,
-        causal=causal,
-        key_padding_mask=key_padding_mask,
-        scaling=scaling,
-        eps=eps,
-        bivector=bivector,
-    )
+    `key_padding_mask` [B, Lk] (True/1 = real token); `document_ids` [B, Lk] int (packed rows: equal within
+    a document; None = one document per row); `scaling` defaults to 1/sqrt(D); `kernel` is "auto" or one of
+    `GPA_KERNELS`."""
+    check_gpa_inputs(query, key, value, gamma, key_padding_mask, document_ids, scaling, eps)
+    name = resolve_gpa_kernel(kernel, query, bivector)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    if document_ids is not None:
+        document_ids = document_ids.to(query.device)
+    with torch.autocast(query.device.type, enabled=False):
+        out = _KERNEL_FUNCTIONS[name](
+            query,
+            key,
+            value,
+            gamma,
+            causal=bool(causal),
+            key_padding_mask=key_padding_mask,
+            document_ids=document_ids,
+            scaling=scaling,
+            eps=float(eps),
+            bivector=bool(bivector),
+        )
+    return out.to(query.dtype)
+
+
+def gpa_with_weights(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    gamma: torch.Tensor,
+    *,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None = None,
+    document_ids: torch.Tensor | None = None,
+    scaling: float | None = None,
+    eps: float = 1e-6,
+    bivector: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, softmax weights [B, H, Lq, Lk]) from the naive path, both in the query's dtype: the output is
+    computed from the very weights returned (as transformers' eager attention does), so gradients reach them."""
+    check_gpa_inputs(query, key, value, gamma, key_padding_mask, document_ids, scaling, eps)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    with torch.autocast(query.device.type, enabled=False):
+        weights = gpa_naive_weights(
+            query,
+            key,
+            gamma,
+            causal=bool(causal),
+            key_padding_mask=key_padding_mask,
+            document_ids=None if document_ids is None else document_ids.to(query.device),
+            scaling=scaling,
+            eps=float(eps),
+            bivector=bool(bivector),
+        )
+        output = torch.matmul(weights, value.to(weights.dtype))
+    return output.to(query.dtype), weights.to(query.dtype)
 
 
 def gpa_attention_weights(
@@ -110,14 +269,26 @@ def gpa_attention_weights(
     *,
     causal: bool,
     key_padding_mask: torch.Tensor | None = None,
+    document_ids: torch.Tensor | None = None,
     scaling: float | None = None,
     eps: float = 1e-6,
     bivector: bool = True,
 ) -> torch.Tensor:
     """softmax_j(S_ij) [B, H, Lq, Lk] from the naive path, in the query's dtype (empty rows are 0)."""
-    weights = gpa_naive_weights(
-        query, key, gamma, causal=causal, key_padding_mask=key_padding_mask, scaling=scaling, eps=eps, bivector=bivector
-    )
+    check_gpa_inputs(query, key, None, gamma, key_padding_mask, document_ids, scaling, eps)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    with torch.autocast(query.device.type, enabled=False):
+        weights = gpa_naive_weights(
+            query,
+            key,
+            gamma,
+            causal=bool(causal),
+            key_padding_mask=key_padding_mask,
+            document_ids=None if document_ids is None else document_ids.to(query.device),
+            scaling=scaling,
+            eps=float(eps),
+            bivector=bool(bivector),
+        )
     return weights.to(query.dtype)
 
 
@@ -126,7 +297,7 @@ def gpa_score_parts(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(<P_ij>_0, sqrt(sum_C <P_ij>_C^2 + eps)), each [B, H, Lq, Lk] in float32 (float64 for float64
     inputs), for inspection; both are multiplied by `scaling` when it is given (None = unscaled)."""
-    check_gpa_inputs(query, key, None, None, None, scaling, eps)
+    check_gpa_inputs(query, key, None, None, None, None, scaling, eps)
     dtype = compute_dtype(query)
     with torch.autocast(query.device.type, enabled=False):
         scalar, norm = score_parts(query.to(dtype), key.to(dtype), eps)
@@ -135,17 +306,21 @@ def gpa_score_parts(
     return scalar, norm
 
 
-# Pre-redesign names, kept importable until modeling_versor.py has moved to the API above.
-gpa_reference = gpa_naive
-
 __all__ = [
     "GPA_KERNELS",
     "HAS_TRITON",
+    "LEGACY_GPA_KERNELS",
+    "NUM_FORMS",
+    "check_gpa_inputs",
+    "document_bounds",
+    "form_tables",
     "geometric_product_attention",
     "gpa_attention_weights",
     "gpa_chunked",
     "gpa_naive",
-    "gpa_reference",
     "gpa_score_parts",
     "gpa_triton",
+    "gpa_with_weights",
+    "resolve_gpa_kernel",
+    "visible_keys",
 ]

@@ -1,10 +1,11 @@
-"""Geometric product attention in O(L) memory with PyTorch ops: the CPU fast path.
+"""Geometric product attention in O(L) memory with PyTorch ops: the CPU fast path (kernel "cpu").
 
 The function of `ops_gpa_naive.gpa_naive`, computed flash-style. With Q^(m)_B = qsign_m[B] Q_{B xor C_m}
 (the 11 signed permutations of the query, `form_tables`), <P_ij>_{C_m} = Q^(m)_i . K_j, so for a panel of
 queries the 11 forms against a block of keys are one GEMM [11 P, D] x [D, N]. Per panel:
 
-* only the key blocks a causal query can see are visited, and fully padded blocks are skipped;
+* only the key blocks a query can see are visited: causal blocks past the panel, fully padded blocks and
+  (packed rows) blocks wholly outside every document of the panel are skipped;
 * an online softmax keeps the running max and sum, and only the log-sum-exp per row is stored;
 * the backward recomputes the scores (a `torch.autograd.Function`): with dS the score gradient,
   dK = [dS_0; dS_m] ^T [Q^(0); Q^(m)] (one GEMM), dQ^(m) = dS_m K, dQ = sum_m unpermute(dQ^(m)),
@@ -12,14 +13,15 @@ queries the 11 forms against a block of keys are one GEMM [11 P, D] x [D, N]. Pe
 
 The query is pre-multiplied by `scaling`, with eps -> eps * scaling^2 (the same score, one pass fewer).
 Memory is O(L) (q, k, v, out, lse and per-panel tiles); a query row with no visible key outputs zeros.
-Computes in float32 (float64 for float64 inputs) with autocast off, and returns the query's dtype.
+Computes in float32 (float64 for float64 inputs); called through `ops_gpa.geometric_product_attention`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .ops_gpa_naive import NUM_FORMS, check_gpa_inputs, compute_dtype, form_tables
+from .ops_common import compute_dtype
+from .ops_gpa import NUM_FORMS, document_bounds, form_tables
 
 PANEL = 128  # query rows per panel
 BLOCK = 256  # keys per block
@@ -54,7 +56,7 @@ class _Plan:
     """What forward and backward share: form tables, gamma [1, H, 1, 1], sqrt(eps) * scaling (None when
     bivector=False), and the key blocks each query panel visits with the mask a block needs."""
 
-    def __init__(self, query, key, gamma, causal, key_padding_mask, scaling: float, eps: float, bivector: bool):
+    def __init__(self, query, key, gamma, causal, key_padding_mask, document_ids, scaling, eps, bivector):
         q_len, k_len, device = query.shape[2], key.shape[2], query.device
         self.forms = NUM_FORMS if bivector else 1
         self.full_index, self.sign, self.query_sign = _full_tables(query.shape[-1], self.forms, device, query.dtype)
@@ -63,6 +65,10 @@ class _Plan:
         self.offset = k_len - q_len
         self.causal = causal
         self.device = device
+        self.documents = document_ids
+        self.host_reads = not torch.compiler.is_compiling()  # a compiled graph visits and masks every block
+        if document_ids is not None and self.host_reads:
+            self.doc_first, self.doc_last = document_bounds(document_ids)
         self.blocks = []  # (start, stop, padding [B, 1, 1, N] or None)
         keys = None if key_padding_mask is None else key_padding_mask.to(device=device, dtype=torch.bool)
         for start in range(0, k_len, BLOCK):
@@ -70,7 +76,7 @@ class _Plan:
             padding = None
             if keys is not None:
                 block = keys[:, start:stop]
-                if torch.compiler.is_compiling():  # no host reads in a compiled graph: every block keeps its mask
+                if not self.host_reads:
                     padding = block[:, None, None, :]
                 elif not bool(block.any()):
                     continue  # every sequence's keys here are padding
@@ -82,14 +88,23 @@ class _Plan:
         """(key start, key stop, mask [B|1, 1, P, N] or None) for the panel of queries [q_start, q_stop)."""
         last = q_stop - 1 + self.offset  # absolute position of the panel's last query
         first = q_start + self.offset
+        lowest, highest = 0, None  # the keys any query of the panel can see
+        if self.documents is not None and self.host_reads:
+            lowest = int(self.doc_first[:, first].min())
+            highest = int(self.doc_last[:, last].max())
         for start, stop, padding in self.blocks:
-            if self.causal and start > last:
+            if (self.causal and start > last) or (highest is not None and start > highest):
                 break
+            if stop <= lowest:
+                continue
             mask = padding
             if self.causal and stop - 1 > first:  # the block crosses the diagonal
                 q_pos = torch.arange(first, last + 1, device=self.device)[:, None]
                 causal = (torch.arange(start, stop, device=self.device)[None, :] <= q_pos)[None, None]
                 mask = causal if mask is None else mask & causal
+            if self.documents is not None:
+                same = self.documents[:, None, first : last + 1, None] == self.documents[:, None, None, start:stop]
+                mask = same if mask is None else mask & same
             yield start, stop, mask
 
 
@@ -106,44 +121,43 @@ def _scores(products: torch.Tensor, gamma: torch.Tensor, root_eps: torch.Tensor 
 
 class _GPAChunkedFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, query, key, value, gamma, causal, key_padding_mask, scaling, eps, bivector):  # type: ignore[override]
+    def forward(ctx, query, key, value, gamma, causal, key_padding_mask, document_ids, scaling, eps, bivector):  # type: ignore[override]
         batch, heads, q_len, dim = query.shape
-        plan = _Plan(query, key, gamma, causal, key_padding_mask, scaling, eps, bivector)
+        plan = _Plan(query, key, gamma, causal, key_padding_mask, document_ids, scaling, eps, bivector)
         out = torch.zeros_like(query)
         lse = torch.full((batch, heads, q_len), float("inf"), dtype=query.dtype, device=query.device)
-        with torch.autocast(query.device.type, enabled=False):
-            for q_start in range(0, q_len, PANEL):
-                q_stop = min(q_start + PANEL, q_len)
-                q_forms = _query_forms(query[:, :, q_start:q_stop] * scaling, plan.full_index, plan.query_sign)
-                rows = q_stop - q_start
-                row_max = torch.full((batch, heads, rows), float("-inf"), dtype=query.dtype, device=query.device)
-                row_sum = torch.zeros(batch, heads, rows, dtype=query.dtype, device=query.device)
-                acc = torch.zeros(batch, heads, rows, dim, dtype=query.dtype, device=query.device)
-                for k_start, k_stop, mask in plan.visits(q_start, q_stop):
-                    products = torch.matmul(q_forms, key[:, :, k_start:k_stop].transpose(-1, -2))
-                    score, _ = _scores(products.view(batch, heads, plan.forms, rows, -1), plan.gamma, plan.root_eps)
-                    if mask is not None:
-                        score.masked_fill_(~mask, float("-inf"))
-                    new_max = torch.maximum(row_max, score.amax(-1))
-                    shift = new_max.masked_fill(new_max == float("-inf"), 0.0)  # rows with nothing visible yet
-                    p = score.sub_(shift[..., None]).exp_()
-                    alpha = torch.exp(row_max - shift)
-                    row_sum = row_sum * alpha + p.sum(-1)
-                    acc = acc * alpha[..., None] + torch.matmul(p, value[:, :, k_start:k_stop])
-                    row_max = new_max
-                seen = row_sum > 0
-                out[:, :, q_start:q_stop] = acc / torch.where(seen, row_sum, 1.0)[..., None]
-                lse[:, :, q_start:q_stop] = torch.where(seen, row_max + row_sum.log(), float("inf"))
+        for q_start in range(0, q_len, PANEL):
+            q_stop = min(q_start + PANEL, q_len)
+            q_forms = _query_forms(query[:, :, q_start:q_stop] * scaling, plan.full_index, plan.query_sign)
+            rows = q_stop - q_start
+            row_max = torch.full((batch, heads, rows), float("-inf"), dtype=query.dtype, device=query.device)
+            row_sum = torch.zeros(batch, heads, rows, dtype=query.dtype, device=query.device)
+            acc = torch.zeros(batch, heads, rows, dim, dtype=query.dtype, device=query.device)
+            for k_start, k_stop, mask in plan.visits(q_start, q_stop):
+                products = torch.matmul(q_forms, key[:, :, k_start:k_stop].transpose(-1, -2))
+                score, _ = _scores(products.view(batch, heads, plan.forms, rows, -1), plan.gamma, plan.root_eps)
+                if mask is not None:
+                    score.masked_fill_(~mask, float("-inf"))
+                new_max = torch.maximum(row_max, score.amax(-1))
+                shift = new_max.masked_fill(new_max == float("-inf"), 0.0)  # rows with nothing visible yet
+                p = score.sub_(shift[..., None]).exp_()
+                alpha = torch.exp(row_max - shift)
+                row_sum = row_sum * alpha + p.sum(-1)
+                acc = acc * alpha[..., None] + torch.matmul(p, value[:, :, k_start:k_stop])
+                row_max = new_max
+            seen = row_sum > 0
+            out[:, :, q_start:q_stop] = acc / torch.where(seen, row_sum, 1.0)[..., None]
+            lse[:, :, q_start:q_stop] = torch.where(seen, row_max + row_sum.log(), float("inf"))
         ctx.save_for_backward(query, key, value, gamma, out, lse)
-        ctx.settings = (causal, key_padding_mask, scaling, eps, bivector)
+        ctx.settings = (causal, key_padding_mask, document_ids, scaling, eps, bivector)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
         query, key, value, gamma, out, lse = ctx.saved_tensors
-        causal, key_padding_mask, scaling, eps, bivector = ctx.settings
+        causal, key_padding_mask, document_ids, scaling, eps, bivector = ctx.settings
         batch, heads, q_len, dim = query.shape
-        plan = _Plan(query, key, gamma, causal, key_padding_mask, scaling, eps, bivector)
+        plan = _Plan(query, key, gamma, causal, key_padding_mask, document_ids, scaling, eps, bivector)
         grad_out = grad_out.to(query.dtype)
         dq = torch.zeros_like(query)
         dk = torch.zeros_like(key)
@@ -177,7 +191,7 @@ class _GPAChunkedFunction(torch.autograd.Function):
                     d_forms += torch.matmul(products, k)
                     dk[:, :, k_start:k_stop] += torch.matmul(products.transpose(-1, -2), q_forms)
                 dq[:, :, q_start:q_stop] = _unpermute(d_forms, plan.full_index, plan.sign) * scaling
-        return dq, dk, dv, dgamma if bivector else None, None, None, None, None, None
+        return dq, dk, dv, dgamma if bivector else None, None, None, None, None, None, None
 
 
 def gpa_chunked(
@@ -187,28 +201,26 @@ def gpa_chunked(
     gamma: torch.Tensor,
     *,
     causal: bool,
-    key_padding_mask: torch.Tensor | None = None,
-    scaling: float | None = None,
-    eps: float = 1e-6,
-    bivector: bool = True,
+    key_padding_mask: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
+    scaling: float,
+    eps: float,
+    bivector: bool,
 ) -> torch.Tensor:
-    """GPA with query panels, causal key blocks, online softmax and a recomputing backward (O(L) memory)."""
-    check_gpa_inputs(query, key, value, gamma, key_padding_mask, scaling, eps)
-    scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    """GPA with query panels, key blocks, online softmax and a recomputing backward (O(L) memory)."""
     dtype = compute_dtype(query)
-    with torch.autocast(query.device.type, enabled=False):
-        out = _GPAChunkedFunction.apply(
-            query.to(dtype),
-            key.to(dtype),
-            value.to(dtype),
-            gamma.to(dtype),
-            bool(causal),
-            key_padding_mask,
-            scaling,
-            float(eps),
-            bool(bivector),
-        )
-    return out.to(query.dtype)
+    return _GPAChunkedFunction.apply(
+        query.to(dtype),
+        key.to(dtype),
+        value.to(dtype),
+        gamma.to(dtype),
+        causal,
+        key_padding_mask,
+        document_ids,
+        scaling,
+        eps,
+        bivector,
+    )
 
 
 __all__ = ["gpa_chunked"]

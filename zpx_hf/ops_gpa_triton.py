@@ -1,30 +1,21 @@
 """Geometric product attention through flash-style Triton kernels (CUDA; the interpreter on CPU in tests).
 
-The function of `ops_gpa_naive.gpa_naive`. Per tile the 11 dot products are taken against sign-permuted
-key loads, combined into the score and fed to an online softmax; only the per-row log-sum-exp is stored,
-so memory is O(L). The backward has one kernel for dk, dv, dgamma (per key block) and one for dq (per
-query block). Causal masking (query i at absolute position i + Lk - Lq) and key padding are applied
-in-kernel; a query row with no visible key outputs zeros. Dots take fp32 operands as "tf32x3" on CUDA
-("ieee" in the interpreter) and bf16/fp16 operands as they are; the bivector norm, the softmax statistics
-and every accumulator are fp32.
+The function of `ops_gpa_naive.gpa_naive` (kernel "triton"). Per tile the 11 dot products are taken
+against sign-permuted loads (`_score_tile`, one loop for every kernel), combined into the score and fed to
+an online softmax; only the per-row log-sum-exp is stored, so memory is O(L). The backward has one kernel
+for dk, dv, dgamma (per key block) and one for dq (per query block), both through `_score_tile` and
+`_score_grad`. Causal masking (query i at absolute position i + Lk - Lq), key padding and documents
+(packed rows) are applied in-kernel; a query row with no visible key outputs zeros. Dots take fp32
+operands as "tf32x3" on CUDA ("ieee" in the interpreter) and bf16/fp16 operands as they are; the bivector
+norm, the softmax statistics and every accumulator are fp32.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .ops_gpa_naive import check_gpa_inputs, form_tables
-
-try:
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # remote-code copies and CPU-only installs run the PyTorch paths
-    triton = None
-    tl = None
-    HAS_TRITON = False
-
+from .ops_common import HAS_TRITON, tl, triton
+from .ops_gpa import document_bounds, form_tables
 
 if HAS_TRITON:
 
@@ -49,22 +40,102 @@ if HAS_TRITON:
             return tl.dot(a, b, input_precision=PRECISION)
 
     @triton.jit
-    def _visible(offs_m, offs_n, n_mask, q_offset, k_len, KEY_VALID, batch,
-                 IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr):  # fmt: skip
-        # query i (absolute position i + q_offset) sees key j: causal, not padding
+    def _visible(offs_m, offs_n, n_mask, q_offset, k_len, KEY_VALID, DOCS, batch,
+                 IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, HAS_DOCS: tl.constexpr):  # fmt: skip
+        # query i (absolute position i + q_offset) sees key j: causal, not padding, one document
         valid = n_mask[None, :] & (offs_m[:, None] >= 0)
         if IS_CAUSAL:
             valid = valid & (offs_n[None, :] <= offs_m[:, None] + q_offset)
         if HAS_PADDING:
             key_ok = tl.load(KEY_VALID + batch * k_len + offs_n, mask=n_mask, other=0) != 0
             valid = valid & key_ok[None, :]
+        if HAS_DOCS:
+            q_pos = offs_m + q_offset
+            q_doc = tl.load(DOCS + batch * k_len + q_pos, mask=q_pos < k_len, other=-1)
+            k_doc = tl.load(DOCS + batch * k_len + offs_n, mask=n_mask, other=-2)
+            valid = valid & (q_doc[:, None] == k_doc[None, :])
         return valid
 
     @triton.jit
+    def _document_span(DOC_FIRST, DOC_LAST, batch, k_len, first, last):
+        # [lo, hi): the keys that tokens at absolute positions first..last can see inside their documents
+        # (equally: the positions of the queries that can see keys first..last)
+        lo = tl.load(DOC_FIRST + batch * k_len + first)
+        hi = tl.load(DOC_LAST + batch * k_len + last) + 1
+        return lo, hi
+
+    @triton.jit
+    def _key_range(pid_m, q_len, k_len, q_offset, batch, DOC_FIRST, DOC_LAST, IS_CAUSAL: tl.constexpr,
+                   HAS_DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+        # [lo, hi): the keys query block pid_m visits: up to its last query (causal), inside its documents
+        lo = tl.full([], 0, tl.int32)
+        hi = tl.full([], 0, tl.int32) + k_len
+        if IS_CAUSAL:
+            hi = tl.minimum(hi, q_offset + (pid_m + 1) * BLOCK_M)
+        if HAS_DOCS:
+            row_first = tl.minimum(pid_m * BLOCK_M, q_len - 1) + q_offset
+            row_last = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, q_len - 1) + q_offset
+            doc_lo, doc_hi = _document_span(DOC_FIRST, DOC_LAST, batch, k_len, row_first, row_last)
+            lo = doc_lo // BLOCK_N * BLOCK_N
+            hi = tl.minimum(hi, doc_hi)
+        return lo, hi
+
+    @triton.jit
+    def _form_dot(fixed, moving, PERMUTE_KEYS: tl.constexpr, PRECISION: tl.constexpr):
+        # [M, N] products: fixed = queries, moving = key forms (PERMUTE_KEYS) or fixed = keys, moving = query forms
+        if PERMUTE_KEYS:
+            return _dot(fixed, tl.trans(moving), PRECISION)
+        else:
+            return _dot(moving, tl.trans(fixed), PRECISION)
+
+    @triton.jit
+    def _form_grad(weight, moving, dtype: tl.constexpr, PERMUTE_KEYS: tl.constexpr, PRECISION: tl.constexpr):
+        # d/d(fixed) of sum weight * _form_dot(fixed, moving): weight [M, N] x moving
+        if PERMUTE_KEYS:
+            return _dot(weight.to(dtype), moving, PRECISION)
+        else:
+            return _dot(tl.trans(weight.to(dtype)), moving, PRECISION)
+
+    @triton.jit
+    def _score_tile(fixed, base, rows, row_mask, offs_d, d_mask, dim, gamma, eps, FORM_INDEX, FORM_SIGN,
+                    dtype: tl.constexpr, PERMUTE_KEYS: tl.constexpr, BIVECTOR: tl.constexpr,
+                    PRECISION: tl.constexpr):  # fmt: skip
+        # (score before scaling, norm) [M, N]: <P>_0 + gamma sqrt(sum_C <P>_C^2 + eps), with the 11 forms of the
+        # rows at `base` (keys under PERMUTE_KEYS, queries otherwise) against the `fixed` tile
+        moving = _load_form(base, rows, row_mask, offs_d, d_mask, dim, 0, FORM_INDEX, FORM_SIGN, dtype)
+        score = _form_dot(fixed, moving, PERMUTE_KEYS, PRECISION)
+        norm = tl.zeros_like(score)
+        if BIVECTOR:
+            square = tl.zeros_like(score)
+            for form in range(1, 11):
+                moving = _load_form(base, rows, row_mask, offs_d, d_mask, dim, form, FORM_INDEX, FORM_SIGN, dtype)
+                coefficient = _form_dot(fixed, moving, PERMUTE_KEYS, PRECISION)
+                square += coefficient * coefficient
+            norm = tl.sqrt(square + eps)
+            score = score + gamma * norm
+        return score, norm
+
+    @triton.jit
+    def _score_grad(ds, norm, fixed, base, rows, row_mask, offs_d, d_mask, dim, gamma, FORM_INDEX, FORM_SIGN,
+                    dtype: tl.constexpr, PERMUTE_KEYS: tl.constexpr, BIVECTOR: tl.constexpr,
+                    PRECISION: tl.constexpr):  # fmt: skip
+        # dL/d(fixed) from dL/d score `ds` [M, N]: d<P>_0 = ds, d<P>_C = ds gamma <P>_C / norm
+        moving = _load_form(base, rows, row_mask, offs_d, d_mask, dim, 0, FORM_INDEX, FORM_SIGN, dtype)
+        grad = _form_grad(ds, moving, dtype, PERMUTE_KEYS, PRECISION)
+        if BIVECTOR:
+            ds_norm = ds * gamma / norm
+            for form in range(1, 11):
+                moving = _load_form(base, rows, row_mask, offs_d, d_mask, dim, form, FORM_INDEX, FORM_SIGN, dtype)
+                coefficient = _form_dot(fixed, moving, PERMUTE_KEYS, PRECISION)
+                grad += _form_grad(ds_norm * coefficient, moving, dtype, PERMUTE_KEYS, PRECISION)
+        return grad
+
+    @triton.jit
     def _gpa_fwd_kernel(
-        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, O, LSE, KEY_VALID,
+        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, O, LSE, KEY_VALID, DOCS, DOC_FIRST, DOC_LAST,
         num_heads, q_len, k_len, dim, q_offset, scale, eps,
-        IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, BIVECTOR: tl.constexpr, PRECISION: tl.constexpr,
+        IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, HAS_DOCS: tl.constexpr, BIVECTOR: tl.constexpr,
+        PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         pid_m = tl.program_id(0)
@@ -84,23 +155,16 @@ if HAS_TRITON:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        hi = k_len
-        if IS_CAUSAL:
-            hi = tl.minimum(k_len, q_offset + (pid_m + 1) * BLOCK_M)
-        for start_n in range(0, hi, BLOCK_N):
+        lo, hi = _key_range(pid_m, q_len, k_len, q_offset, batch, DOC_FIRST, DOC_LAST,
+                            IS_CAUSAL, HAS_DOCS, BLOCK_M, BLOCK_N)  # fmt: skip
+        for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_mask = offs_n < k_len
-            k0 = _load_form(k_base, offs_n, n_mask, offs_d, d_mask, dim, 0, FORM_INDEX, FORM_SIGN, dtype)
-            s = _dot(q, tl.trans(k0), PRECISION)
-            if BIVECTOR:
-                square = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                for form in range(1, 11):
-                    km = _load_form(k_base, offs_n, n_mask, offs_d, d_mask, dim, form, FORM_INDEX, FORM_SIGN, dtype)
-                    coefficient = _dot(q, tl.trans(km), PRECISION)
-                    square += coefficient * coefficient
-                s = s + gamma * tl.sqrt(square + eps)
+            s, _ = _score_tile(q, k_base, offs_n, n_mask, offs_d, d_mask, dim, gamma, eps, FORM_INDEX, FORM_SIGN,
+                               dtype, True, BIVECTOR, PRECISION)  # fmt: skip
             s = s * scale
-            valid = _visible(offs_m, offs_n, n_mask, q_offset, k_len, KEY_VALID, batch, IS_CAUSAL, HAS_PADDING)
+            valid = _visible(offs_m, offs_n, n_mask, q_offset, k_len, KEY_VALID, DOCS, batch,
+                             IS_CAUSAL, HAS_PADDING, HAS_DOCS)  # fmt: skip
             s = tl.where(valid, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key so far
@@ -124,9 +188,10 @@ if HAS_TRITON:
 
     @triton.jit
     def _gpa_bwd_dkdv_kernel(
-        Q, K, V, GAMMA, FORM_INDEX, QUERY_SIGN, DO, LSE, DELTA, DK, DV, DGAMMA, KEY_VALID,
+        Q, K, V, GAMMA, FORM_INDEX, QUERY_SIGN, DO, LSE, DELTA, DK, DV, DGAMMA, KEY_VALID, DOCS, DOC_FIRST, DOC_LAST,
         num_heads, q_len, k_len, dim, q_offset, scale, eps, num_key_blocks,
-        IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, BIVECTOR: tl.constexpr, PRECISION: tl.constexpr,
+        IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, HAS_DOCS: tl.constexpr, BIVECTOR: tl.constexpr,
+        PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         # s_m = Q'^(m) . K with Q'^(m)[B] = sign_m[B ^ C_m] Q[B ^ C_m], so dK = sum_m ds_m^T Q'^(m).
@@ -149,25 +214,23 @@ if HAS_TRITON:
         dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dgamma = tl.zeros([BLOCK_N], tl.float32)
         lo = 0
+        hi = q_len
         if IS_CAUSAL:
             lo = tl.maximum(pid_n * BLOCK_N - q_offset, 0) // BLOCK_M * BLOCK_M
-        for start_m in range(lo, q_len, BLOCK_M):
+        if HAS_DOCS:  # packed rows: only the query blocks of the key block's documents
+            key_first = tl.minimum(pid_n * BLOCK_N, k_len - 1)
+            key_last = tl.minimum(pid_n * BLOCK_N + BLOCK_N - 1, k_len - 1)
+            doc_lo, doc_hi = _document_span(DOC_FIRST, DOC_LAST, batch, k_len, key_first, key_last)
+            lo = tl.maximum(lo, tl.maximum(doc_lo - q_offset, 0) // BLOCK_M * BLOCK_M)
+            hi = tl.minimum(hi, doc_hi - q_offset)
+        for start_m in range(lo, hi, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             m_mask = offs_m < q_len
-            q0 = _load_form(q_base, offs_m, m_mask, offs_d, d_mask, dim, 0, FORM_INDEX, QUERY_SIGN, dtype)
-            s = _dot(q0, tl.trans(k), PRECISION)
-            norm = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            if BIVECTOR:
-                square = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                for form in range(1, 11):
-                    qm = _load_form(q_base, offs_m, m_mask, offs_d, d_mask, dim, form, FORM_INDEX, QUERY_SIGN, dtype)
-                    coefficient = _dot(qm, tl.trans(k), PRECISION)
-                    square += coefficient * coefficient
-                norm = tl.sqrt(square + eps)
-                s = s + gamma * norm
+            s, norm = _score_tile(k, q_base, offs_m, m_mask, offs_d, d_mask, dim, gamma, eps, FORM_INDEX, QUERY_SIGN,
+                                  dtype, False, BIVECTOR, PRECISION)  # fmt: skip
             s = s * scale
-            valid = m_mask[:, None] & _visible(offs_m, offs_n, n_mask, q_offset, k_len, KEY_VALID, batch,
-                                               IS_CAUSAL, HAS_PADDING)  # fmt: skip
+            valid = m_mask[:, None] & _visible(offs_m, offs_n, n_mask, q_offset, k_len, KEY_VALID, DOCS, batch,
+                                               IS_CAUSAL, HAS_PADDING, HAS_DOCS)  # fmt: skip
             lse = tl.load(LSE + bh * q_len + offs_m, mask=m_mask, other=0.0)
             p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
             do = tl.load(
@@ -177,23 +240,20 @@ if HAS_TRITON:
             dv += _dot(tl.trans(p.to(dtype)), do, PRECISION)
             dp = _dot(do, tl.trans(v), PRECISION)
             ds = p * (dp - delta[:, None]) * scale  # dL/d(score before scaling)
-            dk += _dot(tl.trans(ds.to(dtype)), q0, PRECISION)
             if BIVECTOR:
                 dgamma += tl.sum(ds * norm, 0)
-                ds_norm = ds * gamma / norm
-                for form in range(1, 11):
-                    qm = _load_form(q_base, offs_m, m_mask, offs_d, d_mask, dim, form, FORM_INDEX, QUERY_SIGN, dtype)
-                    coefficient = _dot(qm, tl.trans(k), PRECISION)
-                    dk += _dot(tl.trans((ds_norm * coefficient).to(dtype)), qm, PRECISION)
+            dk += _score_grad(ds, norm, k, q_base, offs_m, m_mask, offs_d, d_mask, dim, gamma, FORM_INDEX, QUERY_SIGN,
+                              dtype, False, BIVECTOR, PRECISION)  # fmt: skip
         tl.store(DK + kv_offsets, dk.to(dtype), mask=kv_mask)
         tl.store(DV + kv_offsets, dv.to(dtype), mask=kv_mask)
         tl.store(DGAMMA + bh * num_key_blocks + pid_n, tl.sum(dgamma, 0))
 
     @triton.jit
     def _gpa_bwd_dq_kernel(
-        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, DO, LSE, DELTA, DQ, KEY_VALID,
+        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, DO, LSE, DELTA, DQ, KEY_VALID, DOCS, DOC_FIRST, DOC_LAST,
         num_heads, q_len, k_len, dim, q_offset, scale, eps,
-        IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, BIVECTOR: tl.constexpr, PRECISION: tl.constexpr,
+        IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, HAS_DOCS: tl.constexpr, BIVECTOR: tl.constexpr,
+        PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         # dQ = sum_j ds0_ij K^(0)_j + sum_m ds_m_ij K^(m)_j
@@ -215,38 +275,24 @@ if HAS_TRITON:
         lse = tl.load(LSE + bh * q_len + offs_m, mask=m_mask, other=0.0)
         delta = tl.load(DELTA + bh * q_len + offs_m, mask=m_mask, other=0.0)
         dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        hi = k_len
-        if IS_CAUSAL:
-            hi = tl.minimum(k_len, q_offset + (pid_m + 1) * BLOCK_M)
-        for start_n in range(0, hi, BLOCK_N):
+        lo, hi = _key_range(pid_m, q_len, k_len, q_offset, batch, DOC_FIRST, DOC_LAST,
+                            IS_CAUSAL, HAS_DOCS, BLOCK_M, BLOCK_N)  # fmt: skip
+        for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_mask = offs_n < k_len
-            k0 = _load_form(k_base, offs_n, n_mask, offs_d, d_mask, dim, 0, FORM_INDEX, FORM_SIGN, dtype)
-            s = _dot(q, tl.trans(k0), PRECISION)
-            norm = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            if BIVECTOR:
-                square = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                for form in range(1, 11):
-                    km = _load_form(k_base, offs_n, n_mask, offs_d, d_mask, dim, form, FORM_INDEX, FORM_SIGN, dtype)
-                    coefficient = _dot(q, tl.trans(km), PRECISION)
-                    square += coefficient * coefficient
-                norm = tl.sqrt(square + eps)
-                s = s + gamma * norm
+            s, norm = _score_tile(q, k_base, offs_n, n_mask, offs_d, d_mask, dim, gamma, eps, FORM_INDEX, FORM_SIGN,
+                                  dtype, True, BIVECTOR, PRECISION)  # fmt: skip
             s = s * scale
-            valid = _visible(offs_m, offs_n, n_mask, q_offset, k_len, KEY_VALID, batch, IS_CAUSAL, HAS_PADDING)
+            valid = _visible(offs_m, offs_n, n_mask, q_offset, k_len, KEY_VALID, DOCS, batch,
+                             IS_CAUSAL, HAS_PADDING, HAS_DOCS)  # fmt: skip
             p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
             v = tl.load(
                 v_base + offs_n[:, None] * dim + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0
             )
             dp = _dot(do, tl.trans(v), PRECISION)
             ds = p * (dp - delta[:, None]) * scale
-            dq += _dot(ds.to(dtype), k0, PRECISION)
-            if BIVECTOR:
-                ds_norm = ds * gamma / norm
-                for form in range(1, 11):
-                    km = _load_form(k_base, offs_n, n_mask, offs_d, d_mask, dim, form, FORM_INDEX, FORM_SIGN, dtype)
-                    coefficient = _dot(q, tl.trans(km), PRECISION)
-                    dq += _dot((ds_norm * coefficient).to(dtype), km, PRECISION)
+            dq += _score_grad(ds, norm, q, k_base, offs_n, n_mask, offs_d, d_mask, dim, gamma, FORM_INDEX, FORM_SIGN,
+                              dtype, True, BIVECTOR, PRECISION)  # fmt: skip
         tl.store(DQ + q_offsets, dq.to(dtype), mask=q_mask)
 
 
@@ -271,7 +317,7 @@ def _block_sizes(dim: int, device: torch.device) -> tuple[int, int, int, int]:
 
 class _GPATritonFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, query, key, value, gamma, causal, key_valid, scaling, eps, bivector):  # type: ignore[override]
+    def forward(ctx, query, key, value, gamma, causal, key_valid, documents, scaling, eps, bivector):  # type: ignore[override]
         batch, heads, q_len, dim = query.shape
         k_len = key.shape[2]
         q, k, v = query.contiguous(), key.contiguous(), value.contiguous()
@@ -281,23 +327,25 @@ class _GPATritonFunction(torch.autograd.Function):
         out = torch.empty_like(q)
         lse = torch.empty(batch * heads, q_len, device=q.device, dtype=torch.float32)
         block_m, block_n, block_d, warps = _block_sizes(dim, q.device)
-        has_padding = key_valid is not None
-        valid = key_valid if has_padding else torch.zeros(1, dtype=torch.int8, device=q.device)
+        flags = (causal, key_valid is not None, documents is not None)
+        # a flag that is off still takes a pointer
+        valid = key_valid if key_valid is not None else torch.zeros(1, dtype=torch.int8, device=q.device)
+        docs = documents if documents is not None else torch.zeros(3, 1, dtype=torch.int32, device=q.device)
         grid = (triton.cdiv(q_len, block_m), batch * heads)
         _gpa_fwd_kernel[grid](
-            q, k, v, gamma32, index, sign, out, lse, valid,
+            q, k, v, gamma32, index, sign, out, lse, valid, docs[0], docs[1], docs[2],
             heads, q_len, k_len, dim, k_len - q_len, scaling, eps,
-            IS_CAUSAL=causal, HAS_PADDING=has_padding, BIVECTOR=bivector, PRECISION=_precision(q),
+            IS_CAUSAL=flags[0], HAS_PADDING=flags[1], HAS_DOCS=flags[2], BIVECTOR=bivector, PRECISION=_precision(q),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps,
         )  # fmt: skip
-        ctx.save_for_backward(q, k, v, gamma, out, lse, valid)
-        ctx.settings = (causal, has_padding, scaling, eps, bivector)
+        ctx.save_for_backward(q, k, v, gamma, out, lse, valid, docs)
+        ctx.settings = (flags, scaling, eps, bivector)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
-        q, k, v, gamma, out, lse, valid = ctx.saved_tensors
-        causal, has_padding, scaling, eps, bivector = ctx.settings
+        q, k, v, gamma, out, lse, valid, docs = ctx.saved_tensors
+        flags, scaling, eps, bivector = ctx.settings
         batch, heads, q_len, dim = q.shape
         k_len = k.shape[2]
         grad_out = grad_out.contiguous()
@@ -310,8 +358,9 @@ class _GPATritonFunction(torch.autograd.Function):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dgamma = torch.zeros(batch * heads, num_key_blocks, device=q.device, dtype=torch.float32)
         common = dict(
-            IS_CAUSAL=causal,
-            HAS_PADDING=has_padding,
+            IS_CAUSAL=flags[0],
+            HAS_PADDING=flags[1],
+            HAS_DOCS=flags[2],
             BIVECTOR=bivector,
             PRECISION=_precision(q),
             BLOCK_M=block_m,
@@ -320,15 +369,16 @@ class _GPATritonFunction(torch.autograd.Function):
             num_warps=warps,
         )
         _gpa_bwd_dkdv_kernel[(num_key_blocks, batch * heads)](
-            q, k, v, gamma32, index, query_sign, grad_out, lse, delta, dk, dv, dgamma, valid,
+            q, k, v, gamma32, index, query_sign, grad_out, lse, delta, dk, dv, dgamma,
+            valid, docs[0], docs[1], docs[2],
             heads, q_len, k_len, dim, k_len - q_len, scaling, eps, num_key_blocks, **common,
         )  # fmt: skip
         _gpa_bwd_dq_kernel[(triton.cdiv(q_len, block_m), batch * heads)](
-            q, k, v, gamma32, index, sign, grad_out, lse, delta, dq, valid,
+            q, k, v, gamma32, index, sign, grad_out, lse, delta, dq, valid, docs[0], docs[1], docs[2],
             heads, q_len, k_len, dim, k_len - q_len, scaling, eps, **common,
         )  # fmt: skip
         grad_gamma = dgamma.view(batch, heads, num_key_blocks).sum((0, 2)).to(gamma.dtype) if bivector else None
-        return dq, dk, dv, grad_gamma, None, None, None, None, None
+        return dq, dk, dv, grad_gamma, None, None, None, None, None, None
 
 
 def gpa_triton(
@@ -338,23 +388,20 @@ def gpa_triton(
     gamma: torch.Tensor,
     *,
     causal: bool,
-    key_padding_mask: torch.Tensor | None = None,
-    scaling: float | None = None,
-    eps: float = 1e-6,
-    bivector: bool = True,
+    key_padding_mask: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
+    scaling: float,
+    eps: float,
+    bivector: bool,
 ) -> torch.Tensor:
     """GPA through the fused Triton kernels; output in the query's dtype (fp32, fp16 or bf16)."""
-    if not HAS_TRITON:
-        raise RuntimeError("gpa_triton needs `triton`; install it or use kernel='chunked'.")
-    check_gpa_inputs(query, key, value, gamma, key_padding_mask, scaling, eps)
-    scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     key_valid = None
     if key_padding_mask is not None and not bool(key_padding_mask.all()):
         key_valid = key_padding_mask.to(device=query.device, dtype=torch.bool).to(torch.int8).contiguous()
-    with torch.autocast(query.device.type, enabled=False):
-        return _GPATritonFunction.apply(
-            query, key, value, gamma, bool(causal), key_valid, scaling, float(eps), bool(bivector)
-        )
+    documents = None  # [3, B, Lk] int32: ids, first and last index of each token's document
+    if document_ids is not None:
+        documents = torch.stack((document_ids, *document_bounds(document_ids))).to(torch.int32).contiguous()
+    return _GPATritonFunction.apply(query, key, value, gamma, causal, key_valid, documents, scaling, eps, bivector)
 
 
-__all__ = ["HAS_TRITON", "gpa_triton"]
+__all__ = ["gpa_triton"]

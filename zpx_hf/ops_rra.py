@@ -1,4 +1,4 @@
-"""Recursive rotor accumulator (RRA, SPEC §4 and §8): entry point and dispatch.
+"""Recursive rotor accumulator (RRA, SPEC §4 and §8): the one entry point, its checks, dispatch and shared pieces.
 
 Per token t and head, a bivector B_t gives the rotor dR_t = exp(-B_t/2); the state is the prefix product
 
@@ -11,15 +11,22 @@ T_t = R_t exp(-A_t/2). Why: Spin(4,1) is not compact. Rotation rotors are unitar
 representation and their products stay bounded; a product of boosts grows without bound, and no float
 format keeps R~R = 1 once |R|^2 eps is large, so "full" suits short sequences or small boosts.
 
-Kernels, one signature and one function (`rra_naive` is the definition, the others are tested against it):
+Packed rows (`document_ids`, equal within a document): the state restarts at 1 at the first token of every
+document after the row's first (which continues `initial`), so no document sees another's rotors.
 
-* `"sequential"` - `ops_rra_naive.py`: the loop as written, matrix exponentials (the readable reference).
-* `"scan"` - `ops_rra_scan.py`: closed-form rotors, a log-depth scan, structure-of-arrays complex products.
+Kernels (`RRA_KERNELS`), one signature and one function (`rra_naive` is the definition, the others are
+tested against it); earlier names still select them (`LEGACY_RRA_KERNELS`):
+
+* `"naive"` - `ops_rra_naive.py`: the loop as written, matrix exponentials (earlier: "sequential").
+* `"cpu"` - `ops_rra_scan.py`: closed-form rotors, a log-depth scan, structure-of-arrays complex products
+  (earlier: "scan").
 * `"triton"` - `ops_rra_triton.py`: a Triton scan kernel (forward and backward), CUDA.
-* `"recurrent"` - `ops_rra_step.py`: a loop of lean single-token steps (tables and matmuls, few ops): decode.
-* `"auto"` - recurrent for a single token (generation with the cache), else triton for CUDA tensors when
-  Triton imports, else scan.
+* `"decode"` - `ops_rra_step.py`: lean single-token steps (tables and matmuls, few ops): generation
+  (earlier: "recurrent").
+* `"auto"` - decode for a single token (generation with the cache), else triton for CUDA tensors when
+  Triton imports, else cpu.
 
+`recursive_rotor_accumulator` checks the inputs once and resolves the kernel once; kernels only compute.
 Numerics: everything algebraic runs in float32 (float64 when an input is float64), with autocast disabled:
 under bf16 the inputs are cast up and the output is cast back to `value.dtype`. Rounding drift off the
 group is removed by re-projection (R <- R (3 - ~R R) / 2, or q / |q| for the compact scan's quaternions),
@@ -33,34 +40,81 @@ from __future__ import annotations
 
 import torch
 
-from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, from_matrix
-from .ops_rra_naive import rra_naive
-from .ops_rra_scan import accumulated_rotors, from_soa, rra_scan
-from .ops_rra_step import rra_recurrent, rra_step
-from .ops_rra_triton import HAS_TRITON, rra_triton
+from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, from_matrix, rotor_normalize, to_matrix
+from .ops_common import HAS_TRITON, compute_dtype
 
-RRA_KERNELS = ("sequential", "scan", "triton", "recurrent")
+# the sequential kernels re-project the state onto the group every RENORM_EVERY steps
+RENORM_EVERY = 64
+
+
+def project(state: torch.Tensor) -> torch.Tensor:
+    """Straight-through group projection of rotor matrices `[..., 2, 4, 4]`: the value of
+    `rotor_normalize(state)`, the gradient of the identity (the correction is O(rounding) on the group)."""
+    return state + (rotor_normalize(state) - state).detach()
+
+
+def identity_matrix(*shape: int, like: torch.Tensor) -> torch.Tensor:
+    """The rotor 1 as M4(C) real/imag parts `[*shape, 2, 4, 4]`."""
+    one = torch.zeros(32, device=like.device, dtype=like.dtype)
+    one[0] = 1.0
+    return to_matrix(one).expand(*shape, 2, 4, 4)
+
+
+def document_restarts(document_ids: torch.Tensor) -> torch.Tensor:
+    """[B, L] bool, True at the first token of a document that is not the row's first token."""
+    restarts = torch.zeros_like(document_ids, dtype=torch.bool)
+    restarts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    return restarts
+
+
+def segment_bounds(restarts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first, last) [B, L] int64: the index of the first and of the last token of each token's document."""
+    length = restarts.shape[-1]
+    positions = torch.arange(length, device=restarts.device).expand_as(restarts)
+    first = torch.where(restarts, positions, 0).cummax(-1).values
+    ends = torch.ones_like(restarts)
+    ends[:, :-1] = restarts[:, 1:]
+    last = torch.where(ends, positions, length - 1).flip(-1).cummin(-1).values.flip(-1)
+    return first, last
+
+
+# The kernels import the pieces above from here, so they are defined first.
+from .ops_rra_naive import rra_naive  # noqa: E402
+from .ops_rra_scan import accumulated_rotors, from_soa, rra_scan  # noqa: E402
+from .ops_rra_step import rra_decode  # noqa: E402
+from .ops_rra_triton import rra_triton  # noqa: E402
+
+RRA_KERNELS = ("naive", "cpu", "triton", "decode")
+# Names earlier versions used (configs, scripts, benchmarks): the same kernels.
+LEGACY_RRA_KERNELS = {"sequential": "naive", "scan": "cpu", "recurrent": "decode", "step": "decode"}
 RRA_ACCUMULATE = ("compact", "full")
-_IMPLEMENTATIONS = {"sequential": rra_naive, "scan": rra_scan, "triton": rra_triton, "recurrent": rra_recurrent}
+_KERNEL_FUNCTIONS = {"naive": rra_naive, "cpu": rra_scan, "triton": rra_triton, "decode": rra_decode}
 
 
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is unknown; use one of {list(choices)}.")
-
-
-def _resolve_kernel(kernel: str, device: torch.device, length: int) -> str:
-    _check_choice("kernel", kernel, ("auto", *RRA_KERNELS))
+def resolve_rra_kernel(kernel: str, device: torch.device, length: int) -> str:
+    """The kernel that runs, a name of `RRA_KERNELS` (old names mapped; "auto" resolved for this call)."""
+    kernel = LEGACY_RRA_KERNELS.get(kernel, kernel)
     if kernel == "auto":
         if length == 1:
-            return "recurrent"
-        return "triton" if HAS_TRITON and device.type == "cuda" else "scan"
+            return "decode"
+        return "triton" if HAS_TRITON and device.type == "cuda" else "cpu"
+    if kernel not in RRA_KERNELS:
+        raise ValueError(f"kernel={kernel!r} is unknown; use one of {['auto', *RRA_KERNELS]}.")
     if kernel == "triton" and not HAS_TRITON:
-        raise ValueError("kernel='triton' needs the `triton` package; install it or use kernel='scan'.")
+        raise ValueError("kernel='triton' needs the `triton` package; install it or use kernel='cpu'.")
     return kernel
 
 
-def _check_inputs(bivectors: torch.Tensor, value: torch.Tensor | None, initial: torch.Tensor | None) -> None:
+def check_rra_inputs(
+    bivectors: torch.Tensor,
+    value: torch.Tensor | None,
+    initial: torch.Tensor | None,
+    accumulate: str,
+    document_ids: torch.Tensor | None,
+) -> None:
+    """ValueError naming the argument when shapes or settings do not fit the contract."""
+    if accumulate not in RRA_ACCUMULATE:
+        raise ValueError(f"accumulate={accumulate!r} is unknown; use one of {list(RRA_ACCUMULATE)}.")
     if bivectors.dim() != 4 or bivectors.shape[-1] != len(BIVECTOR_MASKS):
         raise ValueError(f"bivectors must be [B, L, H, {len(BIVECTOR_MASKS)}]; got {tuple(bivectors.shape)}.")
     batch, length, heads = bivectors.shape[:3]
@@ -74,20 +128,17 @@ def _check_inputs(bivectors: torch.Tensor, value: torch.Tensor | None, initial: 
             f"initial must be the returned state [B, H, {NUM_BLADES}] = {(batch, heads, NUM_BLADES)}; "
             f"got {tuple(initial.shape)}."
         )
+    if document_ids is not None and (
+        tuple(document_ids.shape) != (batch, length) or document_ids.is_floating_point() or document_ids.is_complex()
+    ):
+        raise ValueError(
+            f"document_ids must be an integer [B, L] = [{batch}, {length}] tensor (equal within a document, "
+            f"ops_common.document_ids_from_position_ids); got {document_ids.dtype} {tuple(document_ids.shape)}."
+        )
 
 
-def _identity_state(batch: int, heads: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    state = torch.zeros(batch, heads, NUM_BLADES, device=device, dtype=dtype)
-    state[..., 0] = 1.0
-    return state
-
-
-def _cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return x if x.dtype == dtype else x.to(dtype)
-
-
-def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
-    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
+def _cast(x: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return x if x is None or x.dtype == dtype else x.to(dtype)
 
 
 def recursive_rotor_accumulator(
@@ -96,45 +147,65 @@ def recursive_rotor_accumulator(
     *,
     accumulate: str = "compact",
     initial: torch.Tensor | None = None,
+    document_ids: torch.Tensor | None = None,
     kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RRA for bivectors `[B, L, H, 10]` (`BIVECTOR_MASKS` order) and values `[B, L, H, c, 32]`.
 
-    Returns `(y [B, L, H, c, 32] in value.dtype, state [B, H, 32])`; `initial` is a previous call's state.
+    `document_ids` [B, L] int: packed rows, the state restarts at each new document (None = one document per
+    row). Returns `(y [B, L, H, c, 32] in value.dtype, state [B, H, 32])`; `initial` is a previous call's
+    state (it continues the row's first document).
     """
-    _check_choice("accumulate", accumulate, RRA_ACCUMULATE)
-    _check_inputs(bivectors, value, initial)
-    kernel = _resolve_kernel(kernel, bivectors.device, bivectors.shape[1])
-    dtype = _compute_dtype(bivectors, value, initial)
+    check_rra_inputs(bivectors, value, initial, accumulate, document_ids)
+    name = resolve_rra_kernel(kernel, bivectors.device, bivectors.shape[1])
+    dtype = compute_dtype(bivectors, value, initial)
+    if name == "triton" and dtype != torch.float32:
+        raise ValueError("kernel='triton' computes in float32; pass float32 (or bf16/fp16) inputs or use kernel='cpu'.")
     if bivectors.shape[1] == 0:  # nothing to accumulate: the state passes through
         batch, _, heads = bivectors.shape[:3]
-        state = initial.to(dtype) if initial is not None else _identity_state(batch, heads, bivectors.device, dtype)
-        return value.clone(), state
-    inputs = (_cast(bivectors, dtype), _cast(value, dtype), None if initial is None else _cast(initial, dtype))
-    if kernel == "recurrent" and bivectors.shape[1] == 1 and not torch.is_autocast_enabled(bivectors.device.type):
-        # one token (decode): the step alone, without the loop's unbind/stack or an autocast context
-        out, state = rra_step(inputs[0].select(1, 0), inputs[1].select(1, 0), accumulate, inputs[2])
-        return _cast(out.unsqueeze(1), value.dtype), state
-    with torch.autocast(device_type=bivectors.device.type, enabled=False):
-        out, state = _IMPLEMENTATIONS[kernel](inputs[0], inputs[1], accumulate, inputs[2])
+        state = initial.to(dtype) if initial is not None else from_matrix(identity_matrix(batch, heads, like=value))
+        return value.clone(), state.to(dtype)
+    restarts = None if document_ids is None else document_restarts(document_ids.to(bivectors.device))
+    inputs = (_cast(bivectors, dtype), _cast(value, dtype), accumulate, _cast(initial, dtype), restarts)
+    if torch.is_autocast_enabled(bivectors.device.type):
+        with torch.autocast(device_type=bivectors.device.type, enabled=False):
+            out, state = _KERNEL_FUNCTIONS[name](*inputs)
+    else:  # decode runs one token per layer: no context manager when there is nothing to turn off
+        out, state = _KERNEL_FUNCTIONS[name](*inputs)
     return _cast(out, value.dtype), state
 
 
 def rotor_trajectory(
-    bivectors: torch.Tensor, *, accumulate: str = "compact", initial: torch.Tensor | None = None
+    bivectors: torch.Tensor,
+    *,
+    accumulate: str = "compact",
+    initial: torch.Tensor | None = None,
+    document_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The accumulated rotor R_t per token as multivector coefficients `[B, L, H, 32]` (for inspection;
     compact: the rotation part, the boosts are not accumulated)."""
-    _check_choice("accumulate", accumulate, RRA_ACCUMULATE)
-    _check_inputs(bivectors, None, initial)
-    dtype = _compute_dtype(bivectors, initial)
+    check_rra_inputs(bivectors, None, initial, accumulate, document_ids)
+    dtype = compute_dtype(bivectors, initial)
     if bivectors.shape[1] == 0:
         return bivectors.new_zeros(*bivectors.shape[:3], NUM_BLADES, dtype=dtype)
+    restarts = None if document_ids is None else document_restarts(document_ids.to(bivectors.device))
     with torch.autocast(device_type=bivectors.device.type, enabled=False):
-        rotors, _ = accumulated_rotors(
-            bivectors.to(dtype), accumulate, None if initial is None else initial.to(dtype)
-        )  # [4, 4, B, H, L]
-        return from_matrix(from_soa(rotors)).transpose(1, 2)
+        rotors, _ = accumulated_rotors(bivectors.to(dtype), accumulate, _cast(initial, dtype), restarts)
+        return from_matrix(from_soa(rotors)).transpose(1, 2)  # [4, 4, B, H, L] -> [B, L, H, 32]
 
 
-__all__ = ["HAS_TRITON", "RRA_ACCUMULATE", "RRA_KERNELS", "recursive_rotor_accumulator", "rotor_trajectory"]
+__all__ = [
+    "HAS_TRITON",
+    "LEGACY_RRA_KERNELS",
+    "RENORM_EVERY",
+    "RRA_ACCUMULATE",
+    "RRA_KERNELS",
+    "check_rra_inputs",
+    "document_restarts",
+    "identity_matrix",
+    "project",
+    "recursive_rotor_accumulator",
+    "resolve_rra_kernel",
+    "rotor_trajectory",
+    "segment_bounds",
+]

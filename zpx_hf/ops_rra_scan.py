@@ -1,4 +1,4 @@
-"""Recursive rotor accumulator, the fast PyTorch path (CPU, and any device without Triton).
+"""Recursive rotor accumulator, the fast PyTorch path (kernel "cpu": CPU, and any device without Triton).
 
 Same function as `ops_rra_naive.rra_naive`, written for the hardware:
 
@@ -7,7 +7,8 @@ Same function as `ops_rra_naive.rra_naive`, written for the hardware:
   quaternion products (32 multiplies, not the 256 of a complex 4x4 product).
 * A log-depth (Hillis-Steele) scan: round d combines x[t - d] x[t], log2(L) rounds of whole-sequence ops
   instead of a Python loop over time. The result is re-projected onto the group once (a quaternion pair is
-  normalised exactly; a general rotor by one Newton step), straight-through as in the reference.
+  normalised exactly; a general rotor by one Newton step), straight-through as in the reference. Packed
+  rows scan segmented: round d combines x[t - d] x[t] only when t - d lies in t's document.
 * Structure-of-arrays layout: matrix entries and quaternion components lead, tokens (B, H, L) are the last,
   long, contiguous axis, so every product is a few elementwise ops or one small-by-wide GEMM; complex
   entries use torch's complex dtype (one multiply, not four real ones). The reverse is an index permutation
@@ -35,7 +36,7 @@ from .clifford_algebra import (
     spin4_to_multivector,
     to_matrix,
 )
-from .ops_rra_naive import project
+from .ops_rra import project, segment_bounds
 
 # ---- structure-of-arrays helpers: a matrix is [4, 4, *tokens] complex, a quaternion pair [4, 2, *tokens] ----
 
@@ -99,13 +100,30 @@ def quaternion_product_soa(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (table.T @ outer.reshape(16, -1)).reshape(4, *outer.shape[2:])
 
 
-def prefix_scan(x: torch.Tensor, product) -> torch.Tensor:
-    """Inclusive prefix products along the last axis, earlier factors on the left (Hillis-Steele)."""
+def prefix_scan(x: torch.Tensor, product, first: torch.Tensor | None = None) -> torch.Tensor:
+    """Inclusive prefix products along the last axis, earlier factors on the left (Hillis-Steele).
+
+    `first` [B, 1, L] (broadcast against x's token axes): the index where each token's segment starts; the
+    products then restart there (None: one segment)."""
     shift = 1
-    while shift < x.shape[-1]:
-        x = torch.cat((x[..., :shift], product(x[..., :-shift], x[..., shift:])), dim=-1)
+    length = x.shape[-1]
+    while shift < length:
+        combined = product(x[..., :-shift], x[..., shift:])
+        if first is not None:  # x[t - shift] covers tokens of t's segment only when t - shift >= first[t]
+            inside = torch.arange(length - shift, device=x.device) >= first[..., shift:]
+            combined = torch.where(inside, combined, x[..., shift:])
+        x = torch.cat((x[..., :shift], combined), dim=-1)
         shift *= 2
     return x
+
+
+def suffix_sum(x: torch.Tensor, first: torch.Tensor | None, last: torch.Tensor | None) -> torch.Tensor:
+    """S_t = sum_{s >= t} x_s along the last axis, within t's segment when `first`/`last` are given."""
+    if first is None:
+        return x.flip(-1).cumsum(-1).flip(-1)
+    length = x.shape[-1]
+    reversed_first = (length - 1 - last).flip(-1)  # segment starts of the reversed sequence
+    return prefix_scan(x.flip(-1), torch.add, reversed_first).flip(-1)
 
 
 def _conjugate(pairs: torch.Tensor) -> torch.Tensor:
@@ -114,29 +132,36 @@ def _conjugate(pairs: torch.Tensor) -> torch.Tensor:
 
 
 class _Spin4Scan(torch.autograd.Function):
-    """Prefix products P_t = dR_0 ... dR_t of SU(2) blocks `[4, ..., L]`, normalised (q / |q|).
+    """Prefix products P_t = dR_s ... dR_t of SU(2) blocks `[4, ..., L]` from each segment's start s,
+    normalised (q / |q|).
 
     Backward without re-running the scan: with G_t = dL/dP_t the reverse recursion
-    Gbar_t = G_t + Gbar_{t+1} dR_{t+1}^H unrolls, for unit P (P^-1 = P^H), to Gbar_t = S_t P_t with the
-    suffix sum S_t = sum_{s >= t} G_s P_s^H; then dL/d dR_t = P_{t-1}^H Gbar_t. The normalisation is
-    straight-through (its gradient is the identity's), as in the reference.
+    Gbar_t = G_t + Gbar_{t+1} dR_{t+1}^H (inside a segment) unrolls, for unit P (P^-1 = P^H), to
+    Gbar_t = S_t P_t with the segment's suffix sum S_t = sum_{s >= t} G_s P_s^H; then
+    dL/d dR_t = P_{t-1}^H Gbar_t (P_{t-1} = 1 at a segment's start). The normalisation is straight-through
+    (its gradient is the identity's), as in the reference.
     """
 
     @staticmethod
-    def forward(ctx, steps: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        prefix = prefix_scan(steps, quaternion_product_soa)
+    def forward(ctx, steps, first, last):  # type: ignore[override]
+        prefix = prefix_scan(steps, quaternion_product_soa, first)
         prefix = prefix / prefix.square().sum(0, keepdim=True).sqrt()
         ctx.save_for_backward(prefix)
+        ctx.segments = (first, last)
         return prefix
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
         (prefix,) = ctx.saved_tensors
-        suffix = quaternion_product_soa(grad, _conjugate(prefix)).flip(-1).cumsum(-1).flip(-1)
+        first, last = ctx.segments
+        suffix = suffix_sum(quaternion_product_soa(grad, _conjugate(prefix)), first, last)
         carried = quaternion_product_soa(suffix, prefix)  # Gbar_t
-        previous = torch.cat((torch.zeros_like(prefix[..., :1]), prefix[..., :-1]), dim=-1)
-        previous[0, ..., 0] = 1.0  # P_{-1} = 1
-        return quaternion_product_soa(_conjugate(previous), carried)
+        one = torch.zeros_like(prefix[..., :1])
+        one[0] = 1.0
+        previous = torch.cat((one, prefix[..., :-1]), dim=-1)  # P_{-1} = 1
+        if first is not None:  # P_{t-1} = 1 where a segment starts
+            previous = torch.where(first == torch.arange(prefix.shape[-1], device=prefix.device), one, previous)
+        return quaternion_product_soa(_conjugate(previous), carried), None, None
 
 
 def _newton_soa(matrix: torch.Tensor) -> torch.Tensor:
@@ -160,23 +185,27 @@ def boost_matrices_soa(boost: torch.Tensor) -> torch.Tensor:
 
 
 def accumulated_rotors(
-    bivectors: torch.Tensor, accumulate: str, initial: torch.Tensor | None
+    bivectors: torch.Tensor, accumulate: str, initial: torch.Tensor | None, restarts: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The accumulated rotors R_t as complex `[4, 4, B, H, L]` and, for compact, the quaternion pairs of the
-    scan from 1 (`[4, 2, B, H, L]`, before `initial`; None for full)."""
+    scan from 1 (`[4, 2, B, H, L]`, before `initial`; None for full). `restarts` [B, L]: documents."""
     tokens = bivectors.transpose(1, 2)  # [B, H, L, 10]: time is the last token axis
+    first = last = None
+    if restarts is not None:
+        first, last = (bound[:, None] for bound in segment_bounds(restarts))  # [B, 1, L]: over heads
     if accumulate == "compact":
         pairs = rotation_rotor(tokens[..., list(ROTATION_INDICES)]).movedim((-2, -1), (1, 0))  # [4, 2, B, H, L]
-        pairs = _Spin4Scan.apply(pairs)
+        pairs = _Spin4Scan.apply(pairs, first, last)
         rotors = _spin4_matrix_soa(pairs)
-        if initial is not None:
-            rotors = matmul_soa(to_soa(to_matrix(initial))[..., None], rotors)
+        if initial is not None:  # `initial` continues the row's first document only
+            continued = matmul_soa(to_soa(to_matrix(initial))[..., None], rotors)
+            rotors = continued if first is None else torch.where(first == 0, continued, rotors)
         return rotors, pairs
     steps = to_soa(rotor_exp_matrix(tokens))  # [4, 4, B, H, L]
     if initial is not None:  # R_{-1} dR_0 as the first factor
-        first = matmul_soa(to_soa(to_matrix(initial)), steps[..., 0])
-        steps = torch.cat((first[..., None], steps[..., 1:]), dim=-1)
-    return _newton_soa(prefix_scan(steps, matmul_soa)), None
+        first_step = matmul_soa(to_soa(to_matrix(initial)), steps[..., 0])
+        steps = torch.cat((first_step[..., None], steps[..., 1:]), dim=-1)
+    return _newton_soa(prefix_scan(steps, matmul_soa, first)), None
 
 
 def final_state(rotors: torch.Tensor, pairs: torch.Tensor | None, initial: torch.Tensor | None) -> torch.Tensor:
@@ -212,10 +241,14 @@ def sandwich_values(transforms: torch.Tensor, value: torch.Tensor) -> torch.Tens
 
 
 def rra_scan(
-    bivectors: torch.Tensor, value: torch.Tensor, accumulate: str = "compact", initial: torch.Tensor | None = None
+    bivectors: torch.Tensor,
+    value: torch.Tensor,
+    accumulate: str,
+    initial: torch.Tensor | None,
+    restarts: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`rra_naive`'s signature and result (up to rounding) through closed forms and a log-depth scan."""
-    rotors, pairs = accumulated_rotors(bivectors, accumulate, initial)
+    rotors, pairs = accumulated_rotors(bivectors, accumulate, initial, restarts)
     transforms = rotors
     if accumulate == "compact":
         boosts = bivectors.transpose(1, 2)[..., list(BOOST_INDICES)]
@@ -235,5 +268,6 @@ __all__ = [
     "reverse_soa",
     "rra_scan",
     "sandwich_values",
+    "suffix_sum",
     "to_soa",
 ]

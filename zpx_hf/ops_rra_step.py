@@ -1,4 +1,4 @@
-"""Recursive rotor accumulator, one token at a time with few tensor ops (decode; `ops_rra.py` kernel "recurrent").
+"""Recursive rotor accumulator, one token at a time with few tensor ops (kernel "decode": generation).
 
 Same function as `ops_rra_naive.rra_naive`, written for the per-token cost of generation, where a step is a few
 thousand multiply-adds and the time goes to per-op overhead. Every multivector lives in the real 8x8 form of its
@@ -142,16 +142,28 @@ def rra_step(
     return rotated @ decode, (rotor.view(batch, heads, 64) @ decode)
 
 
-def rra_recurrent(
-    bivectors: torch.Tensor, value: torch.Tensor, accumulate: str = "compact", initial: torch.Tensor | None = None
+def rra_decode(
+    bivectors: torch.Tensor,
+    value: torch.Tensor,
+    accumulate: str,
+    initial: torch.Tensor | None,
+    restarts: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`rra_naive`'s signature and result (up to rounding) as a loop of `rra_step` (for short chunks: decode)."""
+    """`rra_naive`'s signature and result (up to rounding) as `rra_step` per token: one token (generation) is
+    one step; a short chunk is a loop of steps, the state reset to 1 where `restarts` starts a document."""
+    if bivectors.shape[1] == 1:  # the decode step alone, without the loop's unbind/stack
+        out, state = rra_step(bivectors.select(1, 0), value.select(1, 0), accumulate, initial)
+        return out.unsqueeze(1), state
     state = initial
     outputs = []
-    for step, v in zip(bivectors.unbind(1), value.unbind(1)):
+    one = torch.zeros(NUM_BLADES, device=value.device, dtype=value.dtype)
+    one[0] = 1.0
+    for t, (step, v) in enumerate(zip(bivectors.unbind(1), value.unbind(1))):
+        if restarts is not None and t > 0:
+            state = torch.where(restarts[:, t, None, None], one, state)
         out, state = rra_step(step, v, accumulate, state)
         outputs.append(out)
     return torch.stack(outputs, dim=1), state
 
 
-__all__ = ["rra_recurrent", "rra_step", "step_table"]
+__all__ = ["rra_decode", "rra_step", "step_table"]

@@ -1,9 +1,10 @@
-"""Recursive rotor accumulator, Triton path (CUDA; the interpreter runs it on CPU in tests).
+"""Recursive rotor accumulator, Triton path (kernel "triton"; CUDA, the interpreter runs it on CPU in tests).
 
 The scan kernel carries BLOCK_S sequences of M4(C) rotors `[N, L, 2, 4, 4]` (real/imag parts) through time,
-re-projecting the state every `RENORM_EVERY` steps (R <- R (3 - ~R R) / 2, straight-through). Its backward
-runs the reverse recursion: with G_t = dL/dR_t and Gbar_t = G_t + Gbar_{t+1} dR_{t+1}^H,
-dL/d dR_t = R_{t-1}^H Gbar_t and dL/dR_{-1} = Gbar_0 dR_0^H. Per-token rotors (closed forms for compact,
+re-projecting the state every `RENORM_EVERY` steps (R <- R (3 - ~R R) / 2, straight-through) and resetting
+it to 1 where a packed document starts. Its backward runs the reverse recursion: with G_t = dL/dR_t and
+Gbar_t = G_t + Gbar_{t+1} dR_{t+1}^H (no carry across a document start), dL/d dR_t = R_{t-1}^H Gbar_t
+(R_{t-1} = 1 at a document start) and dL/dR_{-1} = Gbar_0 dR_0^H. Per-token rotors (closed forms for compact,
 matrix exponentials for full) and the sandwich come from `ops_rra_scan`.
 """
 
@@ -20,19 +21,9 @@ from .clifford_algebra import (
     spin4_to_matrix,
     to_matrix,
 )
-from .ops_rra_naive import RENORM_EVERY, identity_matrix, project
+from .ops_common import HAS_TRITON, tl, triton
+from .ops_rra import RENORM_EVERY, identity_matrix, project
 from .ops_rra_scan import boost_matrices_soa, matmul_soa, sandwich_values, to_soa
-
-try:
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # remote-code copies and CPU-only installs run the PyTorch paths
-    triton = None
-    tl = None
-    HAS_TRITON = False
-
 
 if HAS_TRITON:
 
@@ -81,16 +72,23 @@ if HAS_TRITON:
 
     @triton.jit
     def _rotor_scan_fwd_kernel(
-        ROTORS, INITIAL, OUT, num_seq, seq_len, renorm_every, BLOCK_S: tl.constexpr, RENORM: tl.constexpr
-    ):
+        ROTORS, INITIAL, OUT, RESTARTS, num_seq, seq_len, renorm_every,
+        BLOCK_S: tl.constexpr, RENORM: tl.constexpr, HAS_RESTARTS: tl.constexpr,
+    ):  # fmt: skip
         offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
         entry = tl.arange(0, 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
-        mask = (offs_s < num_seq)[:, None, None]
+        eye = tl.where(tl.arange(0, 4)[:, None] == tl.arange(0, 4)[None, :], 1.0, 0.0)[None, :, :]
+        seq_mask = offs_s < num_seq
+        mask = seq_mask[:, None, None]
         state = offs_s[:, None, None] * 32 + entry[None, :, :]
         rr = tl.load(INITIAL + state, mask=mask, other=0.0).to(tl.float32)
         ri = tl.load(INITIAL + state + 16, mask=mask, other=0.0).to(tl.float32)
         seq = offs_s[:, None, None] * (seq_len * 32) + entry[None, :, :]
         for t in range(seq_len):
+            if HAS_RESTARTS:  # a document starts: R_{t-1} = 1
+                restart = (tl.load(RESTARTS + offs_s * seq_len + t, mask=seq_mask, other=0) != 0)[:, None, None]
+                rr = tl.where(restart, eye, rr)
+                ri = tl.where(restart, 0.0, ri)
             dr = tl.load(ROTORS + seq + t * 32, mask=mask, other=0.0).to(tl.float32)
             di = tl.load(ROTORS + seq + t * 32 + 16, mask=mask, other=0.0).to(tl.float32)
             rr, ri = _cmul(rr, ri, dr, di)
@@ -102,11 +100,14 @@ if HAS_TRITON:
 
     @triton.jit
     def _rotor_scan_bwd_kernel(
-        ROTORS, INITIAL, OUT, GRAD, GRAD_ROTORS, GRAD_INITIAL, num_seq, seq_len, BLOCK_S: tl.constexpr
-    ):
+        ROTORS, INITIAL, OUT, GRAD, GRAD_ROTORS, GRAD_INITIAL, RESTARTS, num_seq, seq_len,
+        BLOCK_S: tl.constexpr, HAS_RESTARTS: tl.constexpr,
+    ):  # fmt: skip
         offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
         entry = tl.arange(0, 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
-        mask = (offs_s < num_seq)[:, None, None]
+        eye = tl.where(tl.arange(0, 4)[:, None] == tl.arange(0, 4)[None, :], 1.0, 0.0)[None, :, :]
+        seq_mask = offs_s < num_seq
+        mask = seq_mask[:, None, None]
         state = offs_s[:, None, None] * 32 + entry[None, :, :]
         seq = offs_s[:, None, None] * (seq_len * 32) + entry[None, :, :]
         # carry = Gbar_{t+1} dR_{t+1}^H
@@ -122,12 +123,20 @@ if HAS_TRITON:
             else:
                 pr = tl.load(INITIAL + state, mask=mask, other=0.0).to(tl.float32)
                 pi = tl.load(INITIAL + state + 16, mask=mask, other=0.0).to(tl.float32)
+            restart = tl.zeros([BLOCK_S, 1, 1], tl.int1)
+            if HAS_RESTARTS:  # R_{t-1} = 1 here, and nothing flows back past the document start
+                restart = (tl.load(RESTARTS + offs_s * seq_len + t, mask=seq_mask, other=0) != 0)[:, None, None]
+                pr = tl.where(restart, eye, pr)
+                pi = tl.where(restart, 0.0, pi)
             dr, di = _cmul_adjoint_left(pr, pi, gr, gi)
             tl.store(GRAD_ROTORS + seq + t * 32, dr, mask=mask)
             tl.store(GRAD_ROTORS + seq + t * 32 + 16, di, mask=mask)
             rr = tl.load(ROTORS + seq + t * 32, mask=mask, other=0.0).to(tl.float32)
             ri = tl.load(ROTORS + seq + t * 32 + 16, mask=mask, other=0.0).to(tl.float32)
             cr, ci = _cmul_adjoint_right(gr, gi, rr, ri)
+            if HAS_RESTARTS:
+                cr = tl.where(restart, 0.0, cr)
+                ci = tl.where(restart, 0.0, ci)
         tl.store(GRAD_INITIAL + state, cr, mask=mask)
         tl.store(GRAD_INITIAL + state + 16, ci, mask=mask)
 
@@ -138,46 +147,52 @@ def _scan_block(device: torch.device) -> int:
 
 class _RotorScanTriton(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, rotors, initial, renorm_every):  # type: ignore[override]
+    def forward(ctx, rotors, initial, restarts, renorm_every):  # type: ignore[override]
         rotors = rotors.contiguous()
         initial = initial.contiguous()
         num_seq, length = rotors.shape[:2]
         out = torch.empty_like(rotors)
         block = _scan_block(rotors.device)
+        flags = restarts if restarts is not None else torch.zeros(1, dtype=torch.int8, device=rotors.device)
         _rotor_scan_fwd_kernel[(triton.cdiv(num_seq, block),)](
-            rotors, initial, out, num_seq, length, max(renorm_every, 1), BLOCK_S=block, RENORM=renorm_every > 0
-        )
-        ctx.save_for_backward(rotors, initial, out)
+            rotors, initial, out, flags, num_seq, length, max(renorm_every, 1),
+            BLOCK_S=block, RENORM=renorm_every > 0, HAS_RESTARTS=restarts is not None,
+        )  # fmt: skip
+        ctx.save_for_backward(rotors, initial, out, flags)
+        ctx.has_restarts = restarts is not None
         return out
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        rotors, initial, out = ctx.saved_tensors
+        rotors, initial, out, flags = ctx.saved_tensors
         num_seq, length = rotors.shape[:2]
         grad_rotors = torch.empty_like(rotors)
         grad_initial = torch.empty_like(initial)
         block = _scan_block(rotors.device)
         _rotor_scan_bwd_kernel[(triton.cdiv(num_seq, block),)](
-            rotors, initial, out, grad.contiguous(), grad_rotors, grad_initial, num_seq, length, BLOCK_S=block
-        )
-        return grad_rotors, grad_initial, None
+            rotors, initial, out, grad.contiguous(), grad_rotors, grad_initial, flags, num_seq, length,
+            BLOCK_S=block, HAS_RESTARTS=ctx.has_restarts,
+        )  # fmt: skip
+        return grad_rotors, grad_initial, None, None
 
 
 def rotor_scan_triton(
-    rotors: torch.Tensor, initial: torch.Tensor | None = None, renorm_every: int = RENORM_EVERY
+    rotors: torch.Tensor,
+    initial: torch.Tensor,
+    restarts: torch.Tensor | None = None,
+    renorm_every: int = RENORM_EVERY,
 ) -> torch.Tensor:
-    """Prefix products R_t = R_{t-1} dR_t of rotors `[N, L, 2, 4, 4]` from `initial` `[N, 2, 4, 4]` (float32)."""
-    if not HAS_TRITON:
-        raise RuntimeError("rotor_scan_triton needs `triton`; install it or use kernel='scan'.")
-    if rotors.dtype != torch.float32:
-        raise ValueError(f"rotor_scan_triton works in float32; got {rotors.dtype}.")
-    if initial is None:
-        initial = identity_matrix(rotors.shape[0], like=rotors)
-    return _RotorScanTriton.apply(rotors, initial.to(rotors.dtype), int(renorm_every))
+    """Prefix products R_t = R_{t-1} dR_t of float32 rotors `[N, L, 2, 4, 4]` from `initial` `[N, 2, 4, 4]`,
+    restarting from 1 where `restarts` `[N, L]` int8 is nonzero."""
+    return _RotorScanTriton.apply(rotors, initial.to(rotors.dtype), restarts, int(renorm_every))
 
 
 def rra_triton(
-    bivectors: torch.Tensor, value: torch.Tensor, accumulate: str = "compact", initial: torch.Tensor | None = None
+    bivectors: torch.Tensor,
+    value: torch.Tensor,
+    accumulate: str,
+    initial: torch.Tensor | None,
+    restarts: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`rra_naive`'s signature and result (up to rounding) with the Triton scan; float32."""
     batch, length, heads = bivectors.shape[:3]
@@ -187,13 +202,15 @@ def rra_triton(
     else:
         steps = rotor_exp_matrix(tokens)
     start = identity_matrix(batch, heads, like=value) if initial is None else to_matrix(initial)
-    prefix = rotor_scan_triton(steps.reshape(batch * heads, length, 2, 4, 4), start.reshape(-1, 2, 4, 4))
+    flags = None
+    if restarts is not None:  # one row of flags per (batch, head) sequence
+        flags = restarts[:, None].expand(batch, heads, length).to(torch.int8).reshape(batch * heads, length)
+    prefix = rotor_scan_triton(steps.reshape(batch * heads, length, 2, 4, 4), start.reshape(-1, 2, 4, 4), flags)
     prefix = prefix.reshape(batch, heads, length, 2, 4, 4)
     transforms = to_soa(prefix)  # [4, 4, B, H, L]
     if accumulate == "compact":
         transforms = matmul_soa(transforms, boost_matrices_soa(tokens[..., list(BOOST_INDICES)]))
-    last = prefix[:, :, -1] if length else start
-    return sandwich_values(transforms, value), from_matrix(project(last))
+    return sandwich_values(transforms, value), from_matrix(project(prefix[:, :, -1]))
 
 
-__all__ = ["HAS_TRITON", "rotor_scan_triton", "rra_triton"]
+__all__ = ["rotor_scan_triton", "rra_triton"]
