@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 try:  # transformers >= 5: init helpers that respect weights already loaded by `from_pretrained`
@@ -53,7 +54,8 @@ def keep_derived_weights() -> Iterator[None]:
 def plain_tensor(tensor: torch.Tensor | None) -> bool:
     """Whether `tensor` is None or a plain tensor / parameter, not a tensor subclass (torchao's quantised weights
     are one: they implement `F.linear` and a few views, not the `.t()` / `torch.cat` / `torch.mm` of fused paths)."""
-    return tensor is None or type(tensor) in (nn.Parameter, torch.Tensor)
+    # (tracing tensors of torch.export / compile are subclasses too, but not wrapper subclasses)
+    return tensor is None or not is_traceable_wrapper_subclass(tensor)
 
 
 def plain_linears(modules: tuple[nn.Module, ...]) -> bool:
@@ -347,8 +349,10 @@ def build_attention_mask(
 
 
 def uses_is_causal(mask: torch.Tensor | None, causal: bool, q_len: int) -> bool:
-    """Whether SDPA must apply its own causal masking (see `build_attention_mask`)."""
-    return mask is None and causal and q_len > 1
+    """Whether SDPA must apply its own causal masking (see `build_attention_mask`). A Python bool: under
+    `torch.export` with a dynamic sequence `q_len > 1` is a SymBool, which SDPA refuses (dynamic dims are >= 2,
+    so it resolves without a guard)."""
+    return mask is None and causal and bool(q_len > 1)
 
 
 def pool_last_token(

@@ -164,7 +164,8 @@ class VersorLinear(nn.Module):
         if not plain_tensor(self.weight):
             return self.forward_per_grade(x)
         tokens = x.numel() // (self.in_channels * NUM_BLADES)
-        small = tokens * self.in_channels * self.out_channels <= SMALL_PRODUCT
+        # (not when exporting: the graph serves every number of tokens)
+        small = not torch.compiler.is_exporting() and tokens * self.in_channels * self.out_channels <= SMALL_PRODUCT
         if small and not torch.is_autocast_enabled(x.device.type):  # [..., out, in, 32], summed over in
             weight = derived_weight(("versor_blade_weight", id(self), x.dtype), lambda: self.blade_weight(x.dtype))
             return (x.unsqueeze(-3) * weight).sum(-2)
@@ -197,11 +198,12 @@ class VersorLinear(nn.Module):
 
 @constant_tables
 def grade_order(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """(blades sorted by grade, the inverse permutation, blades per grade: 1, 5, 10, 10, 5, 1)."""
-    grades = conformal_algebra().table("grades", torch.device("cpu"))
-    order = torch.argsort(grades, stable=True)
-    counts = torch.bincount(grades, minlength=NUM_GRADES).tolist()
-    return order.to(device), torch.argsort(order).to(device), counts
+    """(blades sorted by grade, the inverse permutation, blades per grade: 1, 5, 10, 10, 5, 1); the grade of
+    blade A is the number of generators in its mask."""
+    order = sorted(range(NUM_BLADES), key=lambda mask: bin(mask).count("1"))
+    counts = [sum(bin(mask).count("1") == grade for mask in order) for grade in range(NUM_GRADES)]
+    inverse = sorted(range(NUM_BLADES), key=order.__getitem__)
+    return torch.tensor(order, device=device), torch.tensor(inverse, device=device), counts
 
 
 @constant_tables

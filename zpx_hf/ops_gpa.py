@@ -90,6 +90,7 @@ def geometric_product_attention(
             scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
             return _scalar_sdpa(query, key, value, causal=causal, key_padding_mask=key_padding_mask, scaling=scaling)
         kernel = "triton" if HAS_TRITON and query.is_cuda else "chunked"
+        kernel = "naive" if torch.compiler.is_exporting() else kernel  # chunks loop over the length; naive traces once
     return _KERNEL_FUNCTIONS[kernel](
         query,
         key,

@@ -29,6 +29,8 @@ _IMPLEMENTATIONS = {"naive": pct_attention_naive, "tiled": pct_attention_tiled, 
 
 def resolve_kernel(kernel: str, query: torch.Tensor) -> str:
     """The implementation `kernel` runs for `query`: "auto" -> "triton" on CUDA with Triton, else "tiled"."""
+    if kernel == "auto" and torch.compiler.is_exporting():  # tiled panels loop over the length; naive traces once
+        return "naive"
     if kernel == "auto":
         return "triton" if HAS_TRITON and query.is_cuda and query.dtype in KERNEL_DTYPES else "tiled"
     if kernel not in PCT_KERNELS:
