@@ -20,6 +20,8 @@ RRA_GAP = pytest.mark.xfail(
     strict=True, reason="RRA: the scan loops over the sequence in Python and multiplies complex rotors"
 )
 CASES = ("llama", "zpx", "pct", "versor-gpa", pytest.param("versor-rra", marks=RRA_GAP))
+# the ONNX conversion of RRA's complex graph fails only after minutes: not run (the torch.export xfail shows the gap)
+ONNX_CASES = (*CASES[:-1], pytest.param("versor-rra", marks=pytest.mark.xfail(run=False, reason="complex dtypes")))
 
 
 class Logits(torch.nn.Module):
@@ -71,7 +73,8 @@ def test_torch_export_dynamic_batch_and_sequence(case):
             assert_close_to_eager(exported(ids), model(ids))
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ONNX_CASES)
 def test_onnx_dynamo_export_runs_in_onnxruntime(case, tmp_path):
     pytest.importorskip("onnxscript")
     ort = pytest.importorskip("onnxruntime")
