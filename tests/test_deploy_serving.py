@@ -83,3 +83,17 @@ def test_pct_and_versor_refuse_softmax_engines_by_name(case, reason, implementat
     model = AutoModelForCausalLM.from_config(make_tiny_config(case))
     with pytest.raises(ValueError, match=reason):
         model.set_attn_implementation(implementation)
+
+
+@pytest.mark.slow
+def test_zpx_flex_attention_gives_zpx_logits():
+    """transformers' own flex_attention (compiled on CPU) computes ZPX through the same engine path."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(make_tiny_config("zpx")).eval()
+    ids = torch.randint(3, TINY_VOCAB, (1, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = model(ids).logits
+        model.set_attn_implementation("flex_attention")
+        logits = model(ids).logits
+    scale = reference.abs().max()
+    assert (logits - reference).abs().max() <= 64 * torch.finfo(torch.float32).eps * scale
