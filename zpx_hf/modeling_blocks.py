@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .ops_common import constant_tables, upcast, visible_keys  # noqa: F401  (re-exported: shared with ops)
@@ -51,14 +52,22 @@ def keep_derived_weights() -> Iterator[None]:
         _DERIVED_WEIGHTS.reset(token)
 
 
+def plain_tensor(tensor: torch.Tensor | None) -> bool:
+    """Whether `tensor` is None or a plain tensor / parameter, not a tensor subclass (torchao's quantised weights
+    are one: they implement `F.linear` and a few views, not the `.t()` / `torch.cat` / `torch.mm` of fused paths)."""
+    # (tracing tensors of torch.export / compile are subclasses too, but not wrapper subclasses)
+    return tensor is None or not is_traceable_wrapper_subclass(tensor)
+
+
 def plain_linears(modules: tuple[nn.Module, ...]) -> bool:
-    """Whether every module is an `nn.Linear` whose call is exactly `F.linear(x, weight, bias)`: not a subclass
-    (LoRA, quantised layers), no hooks, no instance-level forward (accelerate's offloading hooks replace it).
-    Fused fast paths run only then; otherwise each module runs as itself, so whatever wraps it sees its input."""
+    """Whether every module is an `nn.Linear` whose call is exactly `F.linear(x, weight, bias)` on plain tensors:
+    not a subclass (LoRA), no quantised weight (`plain_tensor`), no hooks, no instance-level forward
+    (accelerate's offloading hooks replace it). Fused fast paths run only then; otherwise each module runs as
+    itself, so whatever wraps it sees its input."""
     for module in modules:
         if type(module) is not nn.Linear or module._forward_hooks or module._forward_pre_hooks:
             return False
-        if "forward" in module.__dict__:
+        if "forward" in module.__dict__ or not (plain_tensor(module.weight) and plain_tensor(module.bias)):
             return False
     return True
 

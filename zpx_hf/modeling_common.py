@@ -44,11 +44,34 @@ PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_
 # The attention implementations every family offers through `attn_implementation`.
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 
+# Why softmax engines (flash_attention_*, flex_attention, paged attention, vLLM: implementations that compute
+# softmax(q.k * scale) v) cannot serve a family's mixer; ZPX is one (ops_zpx: softmax on q^ . k^), so it has none.
+SOFTMAX_ENGINE_REFUSALS = {
+    "pct": "PCT attention is a sigmoid gate sigmoid(tau Re<q, k> + b) with no softmax and no row normaliser",
+    "versor": "Versor's GPA score adds the norm of a bivector (not a dot product) and RRA layers keep a recurrent "
+    "rotor state, not keys and values",
+}
+
+
+def softmax_engine_refusal(model_type: str, implementation: str | None) -> str | None:
+    """The one-line refusal of `implementation` for a family no softmax engine can serve; None when it is allowed."""
+    reason = SOFTMAX_ENGINE_REFUSALS.get(model_type)
+    if reason is None or implementation is None or implementation in ATTENTION_IMPLEMENTATIONS:
+        return None
+    return (
+        f"`attn_implementation`={implementation!r} is refused for {model_type}: {reason}, so a softmax attention "
+        "kernel (flash_attention_*, flex_attention, paged attention, vLLM) computes another function; use 'eager' "
+        "or 'sdpa'."
+    )
+
 
 def attention_implementation(config: Any, output_attentions: bool = False) -> str:
     """The implementation a mixer runs: the config's, or `"eager"` when attention weights are asked for
     (both compute the same function; only the reference materialises the weights)."""
     implementation = config._attn_implementation or "sdpa"
+    refusal = softmax_engine_refusal(config.model_type, implementation)
+    if refusal is not None:
+        raise ValueError(refusal)
     if implementation not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError(
             f"`attn_implementation`={implementation!r} is not available for {config.model_type}: use 'eager' "
@@ -148,6 +171,13 @@ class GeometricPreTrainedModel(PreTrainedModel):
         elif isinstance(module, RMSNorm):
             hf_init.ones_(module.weight)
 
+    def get_correct_attn_implementation(self, requested_attention: str | None, *args: Any, **kwargs: Any) -> str:
+        # refused by name when it is set (from_pretrained, set_attn_implementation), before any forward
+        refusal = softmax_engine_refusal(self.config.model_type, requested_attention)
+        if refusal is not None:
+            raise ValueError(refusal)
+        return super().get_correct_attn_implementation(requested_attention, *args, **kwargs)
+
     def create_masks_for_generate(self, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
         """`generate` with a compileable (static) cache would build 4-D softmax masks here; every family takes the
         2-D padding mask and builds what its mixer needs, so the mask is passed through."""
@@ -193,6 +223,7 @@ class GeometricDecoderLayer(GradientCheckpointingLayer):
         output_attentions: bool = False,
         kv_length: int | None = None,
         document_ids: torch.Tensor | None = None,
+        **attention_kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
         residual = hidden_states
         packed = {} if document_ids is None else {"document_ids": document_ids}
@@ -204,6 +235,7 @@ class GeometricDecoderLayer(GradientCheckpointingLayer):
             output_attentions=output_attentions,
             kv_length=kv_length,
             **packed,
+            **attention_kwargs,
         )
         hidden_states = residual + mixed
         hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
@@ -242,6 +274,11 @@ class GeometricModel(GeometricPreTrainedModel):
     def extra_outputs(self, extras: list[Any], token_mask: torch.Tensor | None, **kwargs: Any) -> dict[str, Any]:
         """Fields added to the output from the mixers' per-layer extras (none by default); `document_ids` [B, L]
         of packed rows (or None) comes in `kwargs`."""
+        return {}
+
+    def attention_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The forward's extra kwargs that reach every mixer (an attention backend's, e.g. a serving engine's
+        metadata); none by default: only a family whose mixer calls transformers' attention functions takes them."""
         return {}
 
     def forward(
@@ -313,6 +350,7 @@ class GeometricModel(GeometricPreTrainedModel):
                 output_attentions=output_attentions,
                 kv_length=past_length + length,
                 document_ids=document_ids,
+                **self.attention_kwargs(kwargs),
             )
             extras.append(extra)
             if output_attentions:

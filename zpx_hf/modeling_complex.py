@@ -147,7 +147,8 @@ def complex_linear(z: torch.Tensor, layers: tuple[ComplexLinear, ...]) -> torch.
     precision: the block weight [[A, -B], [B, A]] in one autocast-aware `F.linear`.
     """
     rows = z.numel() // z.shape[-1]
-    if torch.is_autocast_enabled(z.device.type) or z.dtype not in _GAUSS_DTYPES:
+    # torch.export (dynamic batch / sequence) traces one path for every shape: the block weight, not a branch on rows
+    if torch.is_autocast_enabled(z.device.type) or z.dtype not in _GAUSS_DTYPES or torch.compiler.is_exporting():
         a = torch.cat([m.real.weight for m in layers]) if len(layers) > 1 else layers[0].real.weight
         b = torch.cat([m.imag.weight for m in layers]) if len(layers) > 1 else layers[0].imag.weight
         weight = torch.cat((torch.cat((a, -b), dim=1), torch.cat((b, a), dim=1)))  # [[A, -B], [B, A]]

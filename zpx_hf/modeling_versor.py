@@ -30,7 +30,7 @@ from transformers.modeling_utils import AttentionInterface
 
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, NUM_GRADES, conformal_algebra
 from .configuration_versor import VersorConfig
-from .modeling_blocks import constant_tables, derived_weight, hf_init, upcast
+from .modeling_blocks import constant_tables, derived_weight, hf_init, plain_tensor, upcast
 from .modeling_cache import GrowingRows
 from .modeling_common import (
     ForCausalLMHead,
@@ -187,8 +187,11 @@ class VersorLinear(nn.Module):
         """x [..., in, 32] -> [..., out, 32]: one batched matmul over the 32 blades, or for a few tokens
         (decode) one broadcast multiply and sum, which needs fewer op calls (not under autocast, where the
         matmul sets the output dtype)."""
+        if not plain_tensor(self.weight):
+            return self.forward_per_grade(x)
         tokens = x.numel() // (self.in_channels * NUM_BLADES)
-        small = tokens * self.in_channels * self.out_channels <= SMALL_PRODUCT
+        # (not when exporting: the graph serves every number of tokens)
+        small = not torch.compiler.is_exporting() and tokens * self.in_channels * self.out_channels <= SMALL_PRODUCT
         if small and not torch.is_autocast_enabled(x.device.type):  # [..., out, in, 32], summed over in
             weight = derived_weight(("versor_blade_weight", id(self), x.dtype), lambda: self.blade_weight(x.dtype))
             return (x.unsqueeze(-3) * weight).sum(-2)
@@ -197,6 +200,14 @@ class VersorLinear(nn.Module):
         blades = x.reshape(-1, self.in_channels, NUM_BLADES).permute(2, 0, 1)  # [32, N, in]
         out = torch.bmm(blades, cast(weight, x.dtype).transpose(1, 2))  # [32, N, out]
         return out.permute(1, 2, 0).reshape(*x.shape[:-2], self.out_channels, NUM_BLADES)
+
+    def forward_per_grade(self, x: torch.Tensor) -> torch.Tensor:
+        """The same map as one `F.linear` per grade on `weight[g]`: for a weight that is not a plain tensor
+        (torchao's quantised [6, out, in] implements `select` and `F.linear`, not the fused path's views)."""
+        order, inverse, counts = grade_order(x.device)
+        parts = x.index_select(-1, order).split(counts, dim=-1)  # per grade [..., in, blades of g]
+        out = [F.linear(part.transpose(-1, -2), self.weight[g]).transpose(-1, -2) for g, part in enumerate(parts)]
+        return torch.cat(out, dim=-1).index_select(-1, inverse)
 
     def blade_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """[out, in, 32] (the grade weight of every blade), contiguous, in `dtype`; kept per `generate` call."""
@@ -209,6 +220,16 @@ class VersorLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_channels} -> {self.out_channels} channels, {NUM_GRADES} grades"
+
+
+@constant_tables
+def grade_order(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """(blades sorted by grade, the inverse permutation, blades per grade: 1, 5, 10, 10, 5, 1); the grade of
+    blade A is the number of generators in its mask."""
+    order = sorted(range(NUM_BLADES), key=lambda mask: bin(mask).count("1"))
+    counts = [sum(bin(mask).count("1") == grade for mask in order) for grade in range(NUM_GRADES)]
+    inverse = sorted(range(NUM_BLADES), key=order.__getitem__)
+    return torch.tensor(order, device=device), torch.tensor(inverse, device=device), counts
 
 
 @constant_tables

@@ -18,7 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache
+from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as GLOBAL_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import AttentionInterface
 
 from .configuration_zpx import ZPXConfig
@@ -31,6 +33,7 @@ from .modeling_blocks import (
     stacked_linear,
 )
 from .modeling_common import (
+    ATTENTION_IMPLEMENTATIONS,
     ForCausalLMHead,
     ForSequenceClassificationHead,
     GeometricDecoderLayer,
@@ -41,6 +44,7 @@ from .modeling_common import (
 )
 from .ops_zpx import (
     PhaseState,
+    augment_query,
     center_cancellation_loss,
     phase_from_stacked,
     phase_key_features,
@@ -53,6 +57,19 @@ from .rotary_srpe import apply_rotary, build_rotary
 zpx_attention_eager = functools.partial(zpx_attention, kernel="naive")
 ALL_ATTENTION_FUNCTIONS = AttentionInterface()
 ALL_ATTENTION_FUNCTIONS["sdpa"] = functools.partial(zpx_attention, kernel="auto")
+
+# Fused softmax kernels (flash, cuDNN, paged) take head sizes that are multiples of 8: q^, k^ and v are padded to one.
+ENGINE_HEAD_MULTIPLE = 8
+
+
+def softmax_engine(config: ZPXConfig, output_attentions: bool = False) -> Any:
+    """transformers' global attention function named by `attn_implementation` when it is not one of the family's
+    own ("eager", "sdpa"): flash, flex, paged, or one a serving engine registers. None otherwise (and for
+    `output_attentions=True`, which the eager reference serves)."""
+    name = config._attn_implementation
+    if output_attentions or name is None or name in ATTENTION_IMPLEMENTATIONS or name not in GLOBAL_ATTENTION_FUNCTIONS:
+        return None
+    return GLOBAL_ATTENTION_FUNCTIONS[name]
 
 
 @dataclass
@@ -147,8 +164,14 @@ class ZPXAttention(nn.Module):
         output_attentions: bool = False,
         kv_length: int | None = None,
         document_ids: torch.Tensor | None = None,
+        **attention_kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None, PhaseState]:
         batch, length = hidden_states.shape[:2]
+        engine = softmax_engine(self.config, output_attentions)
+        if engine is not None:  # the engine's own mask, from the padding mask and the cache before this step
+            engine_mask = create_causal_mask(
+                self.config, hidden_states, padding_mask, past_key_values, layer_idx=self.layer_idx
+            )
         hidden_shape = (batch, length, -1, self.head_dim)
         fused = self.fused_projections(hidden_states)
         if fused is None:
@@ -177,10 +200,34 @@ class ZPXAttention(nn.Module):
             key_aug, value = past_key_values.update(key_aug, value, self.layer_idx)
             key_aug, value = trim_static_cache(key_aug, value, kv_length)
 
+        if engine is not None:
+            output, weights = self.engine_attention(
+                engine, query, key_aug, value, features, engine_mask, **attention_kwargs
+            )
+        else:
+            output, weights = self.family_attention(
+                query, key_aug, value, features, padding_mask, output_attentions, document_ids
+            )
+        output = output.reshape(batch, length, -1)
+        projected = kept_linear(output, (self.o_proj,))  # decoding on CPU (see `kept_linear`)
+        output = projected if projected is not None else self.o_proj(output)
+        return output, weights, phase
+
+    def family_attention(
+        self,
+        query: torch.Tensor,
+        key_aug: torch.Tensor,
+        value: torch.Tensor,
+        features: torch.Tensor,
+        padding_mask: torch.Tensor | None,
+        output_attentions: bool,
+        document_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The family's own implementations ("eager": the term-by-term reference, "sdpa": the fast form)."""
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
             attention_implementation(self.config, output_attentions), zpx_attention_eager
         )
-        output, weights = attention_interface(
+        return attention_interface(
             query,
             key_aug,
             value,
@@ -193,10 +240,37 @@ class ZPXAttention(nn.Module):
             dropout=self.attention_dropout if self.training else 0.0,
             document_ids=document_ids,
         )
-        output = output.reshape(batch, length, -1)
-        projected = kept_linear(output, (self.o_proj,))  # decoding on CPU (see `kept_linear`)
-        output = projected if projected is not None else self.o_proj(output)
-        return output, weights, phase
+
+    def engine_attention(
+        self,
+        engine: Any,
+        query: torch.Tensor,
+        key_aug: torch.Tensor,
+        value: torch.Tensor,
+        features: torch.Tensor,
+        attention_mask: Any,
+        **attention_kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """ZPX through a softmax engine's attention function, standard signature (module, query, key, value,
+        attention_mask, scaling, **kwargs). S = q^ . k^ exactly, so the engine gets q^ (already scaled: scaling 1),
+        k^ and v zero-padded to one head size, a multiple of `ENGINE_HEAD_MULTIPLE` (zero columns add nothing to
+        q^ . k^ and give zero outputs, dropped here). Output [B, Lq, H, d]."""
+        query_aug = augment_query(query, features, self.scaling, self.lambda_angle, self.lambda_sphere)
+        width = -(-key_aug.shape[-1] // ENGINE_HEAD_MULTIPLE) * ENGINE_HEAD_MULTIPLE
+        query_aug, key_aug, padded_value = (
+            x if x.shape[-1] == width else F.pad(x, (0, width - x.shape[-1])) for x in (query_aug, key_aug, value)
+        )
+        output, weights = engine(
+            self,
+            query_aug,
+            key_aug,
+            padded_value,
+            attention_mask,
+            scaling=1.0,
+            dropout=self.attention_dropout if self.training else 0.0,
+            **attention_kwargs,
+        )
+        return output[..., : value.shape[-1]], weights
 
     def fused_projections(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         """[q | k | v | W_r h | W_theta h | W_b h] as one matmul while `generate` keeps derived weights (a decoding
@@ -222,6 +296,11 @@ class ZPXDecoderLayer(GeometricDecoderLayer):
 class ZPXPreTrainedModel(GeometricPreTrainedModel):
     config_class = ZPXConfig
     _no_split_modules = ["ZPXDecoderLayer"]
+    # ZPX is softmax attention on q^ . k^ (width d + 5C, scale 1): any softmax engine computes it exactly, reached
+    # through transformers' global AttentionInterface with the standard signature (`ZPXAttention.engine_attention`).
+    _supports_attention_backend = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
 
 
 class ZPXModel(GeometricModel, ZPXPreTrainedModel):
@@ -244,6 +323,10 @@ class ZPXModel(GeometricModel, ZPXPreTrainedModel):
         self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         return self.rotary_emb(inputs_embeds, position_ids) if self.rotary_emb is not None else None
+
+    def attention_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        # what a softmax engine's attention function takes (its metadata), all but ZPX's own output flags
+        return {key: value for key, value in kwargs.items() if key != "output_phases"}
 
     def extra_outputs(
         self,

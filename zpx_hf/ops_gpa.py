@@ -152,6 +152,8 @@ def resolve_gpa_kernel(kernel: str, query: torch.Tensor, bivector: bool) -> str:
     if kernel == "auto":
         if not bivector:
             return "scalar_sdpa"
+        if torch.compiler.is_exporting():  # cpu chunks loop over the length; naive traces once
+            return "naive"
         return "triton" if HAS_TRITON and query.is_cuda else "cpu"
     if kernel not in GPA_KERNELS:
         raise ValueError(f"kernel={kernel!r} is unknown; use 'auto' or one of {list(GPA_KERNELS)}.")

@@ -38,6 +38,8 @@ def resolve_kernel(kernel: str, query: torch.Tensor) -> str:
     """The kernel `kernel` runs for `query` [B, H, Lq, D]: "auto" -> "triton" on CUDA with Triton, else "decode"
     for one row and "cpu" otherwise; an explicit "triton" must be able to run here."""
     kernel = kernel_name(kernel, PCT_KERNELS, "PCT attention")
+    if kernel == "auto" and torch.compiler.is_exporting():  # cpu panels loop over the length; naive traces once
+        return "naive"
     if kernel == "auto":
         if HAS_TRITON and query.is_cuda and query.dtype in KERNEL_DTYPES:
             return "triton"

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from .ops_common import PHASE_FEATURES, check_key_masks, constant_tables, kernel_name, upcast
-from .ops_zpx_cpu import zpx_attention_cpu, zpx_attention_decode
+from .ops_zpx_cpu import augment_query, zpx_attention_cpu, zpx_attention_decode
 from .ops_zpx_naive import zpx_attention_naive
 
 ZPX_KERNELS = ("naive", "cpu", "decode")
@@ -226,6 +226,7 @@ def zpx_attention(
 __all__ = [
     "ZPX_KERNELS",
     "PhaseState",
+    "augment_query",
     "center_cancellation_loss",
     "phase_coordinates",
     "phase_from_stacked",

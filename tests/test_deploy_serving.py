@@ -1,0 +1,99 @@
+"""Serving through softmax engines: ZPX reaches transformers' global AttentionInterface with the standard
+signature (augmented q^ / k^, zero-padded values, scale 1) and computes its own logits there; PCT and Versor
+refuse softmax-engine implementations by name, saying why."""
+
+import pytest
+import torch
+from conftest import TINY_VOCAB, make_tiny_config
+from transformers import AttentionInterface, AutoModelForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+import zpx_hf  # noqa: F401
+from zpx_hf.modeling_zpx import ENGINE_HEAD_MULTIPLE
+
+RECORDING = "zpx_test_recording_sdpa"
+CALLS = []
+
+
+def recording_sdpa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """A stand-in engine: records what it is given and runs transformers' own SDPA attention."""
+    CALLS.append({"shapes": (query.shape, key.shape, value.shape), "scaling": scaling, "kwargs": set(kwargs)})
+    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
+
+
+AttentionInterface.register(RECORDING, recording_sdpa)
+AttentionMaskInterface.register(RECORDING, sdpa_mask)
+
+
+def zpx_model(**overrides):
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(make_tiny_config("zpx", **overrides)).eval().double()
+
+
+def test_zpx_is_backend_compatible_and_pct_versor_are_not():
+    families = zpx_hf.FAMILIES
+    assert families["zpx"][2].is_backend_compatible()  # ZPXForCausalLM
+    assert not families["pct"][2].is_backend_compatible()
+    assert not families["versor"][2].is_backend_compatible()
+
+
+def test_global_attention_function_gives_zpx_logits():
+    model = zpx_model()
+    ids = torch.randint(3, TINY_VOCAB, (2, 10), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding
+    with torch.no_grad():
+        reference = model(ids, attention_mask=mask).logits
+        model.set_attn_implementation(RECORDING)
+        CALLS.clear()
+        logits = model(ids, attention_mask=mask, engine_metadata="threaded").logits
+    keep = mask.bool()
+    torch.testing.assert_close(logits[keep], reference[keep], atol=1e-10, rtol=1e-10)
+    assert len(CALLS) == model.config.num_hidden_layers  # every layer went through the engine
+    config = model.config
+    width = config.head_dim + 5 * config.phase_channels  # d + 5C
+    padded = -(-width // ENGINE_HEAD_MULTIPLE) * ENGINE_HEAD_MULTIPLE
+    for call in CALLS:
+        assert call["scaling"] == 1.0  # q^ carries 1/sqrt(d) and the lambdas
+        assert all(shape[-1] == padded for shape in call["shapes"])
+        assert "engine_metadata" in call["kwargs"]  # the model's kwargs reach the attention function
+
+
+def test_global_attention_function_generates_zpx_tokens():
+    model = zpx_model()
+    ids = torch.randint(3, TINY_VOCAB, (2, 6), generator=torch.Generator().manual_seed(1))
+    reference = model.generate(ids, max_new_tokens=8, do_sample=False)
+    model.set_attn_implementation(RECORDING)
+    CALLS.clear()
+    tokens = model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert torch.equal(tokens, reference)
+    assert len(CALLS) == 8 * model.config.num_hidden_layers  # prefill + 7 cached steps, every layer
+
+
+@pytest.mark.parametrize(
+    "case, reason", [("pct", "sigmoid gate"), ("versor-gpa", "bivector"), ("versor-rra", "rotor state")]
+)
+@pytest.mark.parametrize("implementation", ["flash_attention_2", "flex_attention", RECORDING])
+def test_pct_and_versor_refuse_softmax_engines_by_name(case, reason, implementation):
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match=reason) as error:
+        AutoModelForCausalLM.from_config(make_tiny_config(case), attn_implementation=implementation)
+    assert implementation in str(error.value) and "\n" not in str(error.value)
+    model = AutoModelForCausalLM.from_config(make_tiny_config(case))
+    with pytest.raises(ValueError, match=reason):
+        model.set_attn_implementation(implementation)
+
+
+@pytest.mark.slow
+def test_zpx_flex_attention_gives_zpx_logits():
+    """transformers' own flex_attention (compiled on CPU) computes ZPX through the same engine path."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(make_tiny_config("zpx")).eval()
+    ids = torch.randint(3, TINY_VOCAB, (1, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = model(ids).logits
+        model.set_attn_implementation("flex_attention")
+        logits = model(ids).logits
+    scale = reference.abs().max()
+    assert (logits - reference).abs().max() <= 64 * torch.finfo(torch.float32).eps * scale
