@@ -8,7 +8,8 @@ run takes the modules' own calls instead of the fused paths."""
 import pytest
 import torch
 from conftest import TINY_VOCAB, make_tiny_config
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from helpers_llama import tiny_llama_config
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import zpx_hf  # noqa: F401
 
@@ -21,14 +22,7 @@ TOLERANCE = 1e-10  # float64: summation-order differences are ~1e-15 of logits o
 def tiny_model(case: str):
     torch.manual_seed(0)
     if case == "llama":
-        config = LlamaConfig(
-            vocab_size=TINY_VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            max_position_embeddings=64,
-        )
+        config = tiny_llama_config()
         return LlamaForCausalLM(config).double().eval()
     return AutoModelForCausalLM.from_config(make_tiny_config(case)).double().eval()
 
