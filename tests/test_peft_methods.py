@@ -196,6 +196,21 @@ def perturb_adapters(peft_model) -> None:
             parameter.add_(0.1 * noise)
 
 
+def test_every_peft_default_table_with_a_llama_entry_has_the_families():
+    tables = zpx_hf.integration_peft.peft_default_mappings()
+    assert {
+        "TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_OFT_TARGET_MODULES_MAPPING",
+    } <= set(tables)
+    for name, table in tables.items():
+        llama = table["llama"]
+        assert table["zpx"] == llama, name
+        pct = [f"{n}.{part}" for n in llama if n != "gate_proj" and n.endswith("_proj") for part in ("real", "imag")]
+        assert sorted(table["pct"]) == sorted(pct + [n for n in llama if not n.endswith("_proj")]), name
+        if name != "TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING":  # LoRA: VersorLoraLinear's q/v
+            assert ("versor" in table) == all(n.endswith("norm") for n in llama), name
+
+
 @pytest.mark.parametrize("case", METHOD_FAMILIES)
 @pytest.mark.parametrize("method", METHODS)
 def test_method_with_default_targets_is_identity_merges_and_reloads(method, case, tmp_path):
