@@ -1,6 +1,10 @@
 """PEFT methods on every family: LoRA with default targets (Versor's grade-wise LoRA included), prompt tuning,
 prefix tuning (ZPX, PCT) and its refusal for Versor. Each working method trains (loss drops), generates, and
-saves/reloads to identical outputs; LoRA also merges to the adapted model's logits (float64)."""
+saves/reloads to identical outputs; LoRA also merges to the adapted model's logits (float64).
+
+Every other method with per-model-type defaults (OFT, IA3, LoHa, LoKr, DoRA, AdaLoRA, VeRA, BOFT) runs with default
+targets on ZPX, PCT and a same-size Llama: identity at init, adapter == merged, reload exact; on Versor it is refused
+in one line that names the method and the reason."""
 
 import os
 import subprocess
@@ -9,12 +13,13 @@ import sys
 import pytest
 import torch
 from conftest import TINY_VOCAB, make_tiny_config
+from helpers_llama import tiny_llama_config
 
 peft = pytest.importorskip("peft")
 
 from peft import PeftModel  # noqa: E402
 from peft.utils import constants as peft_constants  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaForCausalLM  # noqa: E402
 
 import zpx_hf  # noqa: E402
 
@@ -41,6 +46,9 @@ DEFAULT_LORA_MODULES = {
 
 def base_model(case: str, dtype: torch.dtype = torch.float32, seed: int = 0):
     torch.manual_seed(seed)
+    if case == "llama":  # the same size as the tiny ZPX / PCT configs
+        config = tiny_llama_config()
+        return LlamaForCausalLM(config).to(dtype).eval()
     return AutoModelForCausalLM.from_config(make_tiny_config(case)).to(dtype).eval()
 
 
@@ -152,6 +160,150 @@ def test_lora_trains_saves_reloads_and_merges(case, tmp_path):
     torch.testing.assert_close(merged_logits, adapted, rtol=1e-12, atol=1e-12)
 
 
+# ---------------------------------------------------------------------------------------------- every method
+
+# PEFT methods whose defaults are per model type, as a user writes them (block sizes that divide the tiny widths)
+METHODS = {
+    "OFT": lambda: peft.OFTConfig(task_type="CAUSAL_LM", r=0, oft_block_size=4),
+    "IA3": lambda: peft.IA3Config(task_type="CAUSAL_LM"),
+    "LOHA": lambda: peft.LoHaConfig(task_type="CAUSAL_LM", r=4),
+    "LOKR": lambda: peft.LoKrConfig(task_type="CAUSAL_LM", r=4),
+    "DORA": lambda: peft.LoraConfig(task_type="CAUSAL_LM", r=4, use_dora=True),
+    "ADALORA": lambda: peft.AdaLoraConfig(task_type="CAUSAL_LM", init_r=4, target_r=2, total_step=10),
+    "VERA": lambda: peft.VeraConfig(task_type="CAUSAL_LM", r=4),
+    "BOFT": lambda: peft.BOFTConfig(task_type="CAUSAL_LM", boft_block_size=4),
+}
+METHOD_FAMILIES = ("llama", "zpx", "pct")
+FLOAT64_TOLERANCE = 1e-10  # logits of order 1: summation-order differences are ~1e-15
+
+
+def adapted_module_names(model) -> set[str]:
+    return {
+        name.removeprefix("base_model.model.")
+        for name, module in model.named_modules()
+        if isinstance(module, peft.tuners.tuners_utils.BaseTunerLayer)
+    }
+
+
+@torch.no_grad()
+def perturb_adapters(peft_model) -> None:
+    """Move every trainable adapter weight off its identity init (a trained adapter, without the training time).
+    AdaLoRA's `ranknum` (a rank-count constant PEFT 0.21 leaves trainable and does not save) is left alone."""
+    generator = torch.Generator().manual_seed(7)
+    for name, parameter in peft_model.named_parameters():
+        if parameter.requires_grad and "ranknum" not in name:
+            noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
+            parameter.add_(0.1 * noise)
+
+
+def test_every_peft_default_table_with_a_llama_entry_has_the_families():
+    tables = zpx_hf.integration_peft.peft_default_mappings()
+    assert {
+        "TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_OFT_TARGET_MODULES_MAPPING",
+    } <= set(tables)
+    for name, table in tables.items():
+        llama = table["llama"]
+        assert table["zpx"] == llama, name
+        pct = [f"{n}.{part}" for n in llama if n != "gate_proj" and n.endswith("_proj") for part in ("real", "imag")]
+        assert sorted(table["pct"]) == sorted(pct + [n for n in llama if not n.endswith("_proj")]), name
+        if name != "TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING":  # LoRA: VersorLoraLinear's q/v
+            assert ("versor" in table) == all(n.endswith("norm") for n in llama), name
+
+
+@pytest.mark.parametrize("case", METHOD_FAMILIES)
+@pytest.mark.parametrize("method", METHODS)
+def test_method_with_default_targets_is_identity_merges_and_reloads(method, case, tmp_path):
+    model = base_model(case, torch.float64)
+    base_state = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = batch()
+    with torch.no_grad():
+        base_logits = model(input_ids=ids).logits
+    peft_model = peft.get_peft_model(model, METHODS[method]())
+    wrapped = adapted_module_names(peft_model)
+    # the family's counterpart of Llama's default: PCT adapts both parts of each complex projection
+    llama_like = {n.removesuffix(".real").removesuffix(".imag") for n in wrapped}
+    assert wrapped and all(n.endswith((".real", ".imag")) for n in wrapped) == (case == "pct")
+    assert len(wrapped) == len(llama_like) * (2 if case == "pct" else 1)
+    with torch.no_grad():
+        initial = peft_model(input_ids=ids).logits
+    torch.testing.assert_close(initial, base_logits, rtol=0, atol=FLOAT64_TOLERANCE)  # identity at init
+
+    perturb_adapters(peft_model)
+    with torch.no_grad():
+        adapted = peft_model(input_ids=ids).logits
+    assert (adapted - base_logits).abs().max() > 1e-3, "the perturbed adapter does not change the model"
+
+    peft_model.save_pretrained(tmp_path)
+    reloaded = reload_adapter(case, base_state, tmp_path, torch.float64)
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=ids).logits, adapted)
+    merged = reloaded.merge_and_unload()
+    assert not any(isinstance(m, peft.tuners.tuners_utils.BaseTunerLayer) for m in merged.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=ids).logits, adapted, rtol=0, atol=FLOAT64_TOLERANCE)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_versor_refuses_other_methods_in_one_line(method):
+    with pytest.raises(ValueError) as error:
+        peft.get_peft_model(base_model("versor-hybrid"), METHODS[method]())
+    message = str(error.value)
+    assert "\n" not in message
+    assert ("DoRA" if method == "DORA" else method) in message and "VersorLinear" in message
+
+
+def test_versor_refuses_other_methods_on_named_projections_and_all_linear():
+    for targets, match in ((["q_proj"], "match model.layers.1.mixer.q_proj"), ("all-linear", "all-linear")):
+        with pytest.raises(ValueError, match=match):
+            peft.get_peft_model(
+                base_model("versor-hybrid"), peft.IA3Config(target_modules=targets, feedforward_modules=[])
+            )
+    # an nn.Linear named explicitly is PEFT's usual case
+    model = peft.get_peft_model(
+        base_model("versor-hybrid"), peft.IA3Config(target_modules=["bivector_proj"], feedforward_modules=[])
+    )
+    assert adapted_module_names(model) == {"model.layers.0.mixer.bivector_proj"}
+
+
+def test_all_linear_lora_on_versor_wraps_every_projection():
+    model = base_model("versor-hybrid", torch.float64)
+    projections = {  # every VersorLinear and nn.Linear inside the decoder layers, written out
+        f"model.layers.{i}.{name}"
+        for i, mixer in ((0, ("v_proj", "o_proj", "bivector_proj")), (1, ("q_proj", "k_proj", "v_proj", "o_proj")))
+        for name in [f"mixer.{p}" for p in mixer] + [f"mlp.{p}" for p in ("gate_proj", "up_proj", "down_proj")]
+    }
+    ids = batch()
+    peft_model = peft.get_peft_model(model, peft.LoraConfig(target_modules="all-linear", init_lora_weights=False))
+    assert adapted_module_names(peft_model) == projections
+    with torch.no_grad():  # the gate's scalar part now runs through the adapted gate_proj: merged must agree
+        adapted = peft_model(input_ids=ids).logits
+        merged = peft_model.merge_and_unload()(input_ids=ids).logits
+    torch.testing.assert_close(merged, adapted, rtol=0, atol=FLOAT64_TOLERANCE)
+
+
+def test_complex_linear_hands_its_parts_the_input_rank_of_a_linear():
+    model = base_model("pct", torch.float64)
+    peft_model = peft.get_peft_model(model, peft.LoraConfig(task_type="CAUSAL_LM", init_lora_weights=False)).eval()
+    ranks = []
+    layer = peft_model.base_model.model.model.layers[0].self_attn.q_proj
+    hooks = [
+        part.register_forward_pre_hook(lambda m, args: ranks.append(args[0].shape)) for part in (layer.real, layer.imag)
+    ]
+    ids = batch()
+    with torch.no_grad():
+        adapted = peft_model(input_ids=ids).logits
+        mixed = peft_model(input_ids=ids, adapter_names=["default", "__base__"]).logits  # indexes the batch
+        with peft_model.disable_adapter():
+            base_logits = peft_model(input_ids=ids).logits
+    for hook in hooks:
+        hook.remove()
+    assert ranks and all(shape[:2] == ids.shape and len(shape) == 3 for shape in ranks)
+    assert (adapted - base_logits).abs().max() > 1e-3
+    torch.testing.assert_close(mixed[0], adapted[0], rtol=0, atol=FLOAT64_TOLERANCE)
+    torch.testing.assert_close(mixed[1], base_logits[1], rtol=0, atol=FLOAT64_TOLERANCE)
+
+
 # ---------------------------------------------------------------------------------------------- Versor LoRA layer
 
 
@@ -215,7 +367,7 @@ def test_versor_lora_refuses_options_it_cannot_honour():
     for kwargs, match in [
         (dict(lora_bias=True), "lora_bias"),
         (dict(init_lora_weights="pissa"), "init_lora_weights"),
-        (dict(use_dora=True), "use_dora"),
+        (dict(use_dora=True), "DoRA .*use_dora=True.* not available for VersorLinear"),
     ]:
         with pytest.raises(ValueError, match=match):
             VersorLoraLinear(base, "default", config=peft.LoraConfig(r=2, **kwargs), r=2, lora_alpha=2)

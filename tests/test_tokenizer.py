@@ -38,8 +38,7 @@ def test_vocab_and_special_ids_match_config_defaults(tokenizer):
 @pytest.mark.parametrize("text", SAMPLES)
 def test_every_byte_is_one_token_and_round_trips(tokenizer, text):
     ids = tokenizer(text)["input_ids"]
-    assert ids[0] == BOS_ID
-    assert ids[1:] == text_to_ids(text) == [b + BYTE_OFFSET for b in text.encode("utf-8")]
+    assert ids == text_to_ids(text) == [b + BYTE_OFFSET for b in text.encode("utf-8")]
     assert tokenizer.decode(ids, skip_special_tokens=True) == text
     assert ids_to_text(ids) == text
 
@@ -52,8 +51,8 @@ def test_all_256_bytes_have_distinct_ids(tokenizer):
 
 def test_right_padding_with_pad_id_zero(tokenizer):
     batch = tokenizer(["a", "abcd"], padding=True)
-    assert batch["input_ids"][0] == [BOS_ID, text_to_ids("a")[0], PAD_ID, PAD_ID, PAD_ID]
-    assert batch["attention_mask"][0] == [1, 1, 0, 0, 0]
+    assert batch["input_ids"][0] == [text_to_ids("a")[0], PAD_ID, PAD_ID, PAD_ID]
+    assert batch["attention_mask"][0] == [1, 0, 0, 0]
 
 
 def test_saved_tokenizer_loads_offline_without_remote_code(tokenizer, tmp_path, monkeypatch):

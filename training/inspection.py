@@ -154,6 +154,9 @@ def encode(tokenizer: Any, text: str) -> tuple[torch.Tensor, list[str]]:
     if not text:
         raise ConfigError("text is empty; pass a sample sentence (or leave --text out for the default).")
     input_ids = tokenizer(text, return_tensors="pt")["input_ids"]
+    bos = tokenizer.bos_token_id
+    if bos is not None and (input_ids.shape[1] == 0 or input_ids[0, 0] != bos):  # documents start with BOS in training
+        input_ids = torch.cat((torch.full((1, 1), bos, dtype=input_ids.dtype), input_ids), dim=1)
     if input_ids.shape[1] > MAX_TOKENS:
         raise ConfigError(
             f"text has {input_ids.shape[1]} tokens; the pictures show at most {MAX_TOKENS}: pass a shorter --text."

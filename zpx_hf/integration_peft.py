@@ -3,12 +3,16 @@
 `import zpx_hf` imports this module when `peft` is installed; importing it registers, in PEFT's
 model-type tables:
 
-- Default targets, so `LoraConfig(task_type="CAUSAL_LM")` needs no `target_modules`:
-  zpx -> `q_proj`, `v_proj` (Llama's); pct -> the `real` and `imag` parts of `q_proj` and `v_proj`
-  (`ComplexLinear` runs its sub-modules once PEFT wraps them); versor -> `q_proj`, `v_proj` (its
-  `VersorLinear` layers: GPA query/value, RRA value). The zpx and pct defaults are also registered
-  for every other PEFT method whose Llama default is the same `q_proj`, `v_proj` (LoHa, LoKr,
-  AdaLoRA, VeRA, ...); those methods wrap `nn.Linear` only, so versor is registered for LoRA alone.
+- Default targets for every PEFT method with per-model-type defaults, so `LoraConfig(task_type="CAUSAL_LM")`,
+  `IA3Config(...)`, `OFTConfig(...)`, ... need no `target_modules`: each of PEFT's Llama defaults is
+  translated to the family's names (`family_targets`). zpx: Llama's own names. pct: each complex projection
+  is its `real` and `imag` `nn.Linear` (e.g. LoRA: `q_proj.real`, `q_proj.imag`, `v_proj.real`, `v_proj.imag`;
+  `ComplexLinear` runs its sub-modules once PEFT wraps them, on 3-D inputs as a Llama linear gets).
+  versor: LoRA -> `q_proj`, `v_proj` (its `VersorLinear` layers: GPA query/value, RRA value) and LN tuning's
+  norms; every other method would wrap a `VersorLinear`, which only LoRA adapts, so it is refused in one
+  line naming the method and the reason (by default, by name, or with `all-linear`).
+- `target_modules="all-linear"` on versor with LoRA wraps every projection of every layer (`VersorLinear`s
+  and RRA's `bivector_proj`; PEFT's own rule would take the `nn.Linear`s only).
 - Versor LoRA: `VersorLoraLinear`, a per-grade low-rank update dW[g] = B[g] A[g] of `VersorLinear`
   (weight [6 grades, out, in]). Per grade, the adapted layer stays grade-preserving and commutes
   with rotor sandwiches; adapter dropout drops whole multivector channels, which keeps that in
@@ -30,9 +34,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from peft import LoraConfig
+from peft import LoraConfig, PeftConfig, PeftType
 from peft.tuners.lora import LoraLayer, LoraModel
-from peft.tuners.tuners_utils import check_adapters_to_merge
+from peft.tuners.tuners_utils import BaseTuner, check_adapters_to_merge, check_target_module_exists
 from peft.utils import constants as peft_constants
 from torch import nn
 
@@ -41,14 +45,38 @@ from .configuration_versor import VersorConfig
 from .configuration_zpx import ZPXConfig
 from .modeling_versor import VersorLinear
 
-LORA_TARGET_MODULES = {
-    ZPXConfig.model_type: ["q_proj", "v_proj"],
-    PCTConfig.model_type: ["q_proj.real", "q_proj.imag", "v_proj.real", "v_proj.imag"],
-    VersorConfig.model_type: ["q_proj", "v_proj"],
-}
+# Llama's module names in each family. PEFT's per-model-type defaults (LoRA, IA3, OFT, BOFT, LoHa, LoKr, VeRA,
+# AdaLoRA, LN tuning, ...) are written for Llama; each family registers their counterparts (`family_targets`).
+PCT_COMPLEX_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj")  # no gate_proj (modReLU MLP)
+NORMS = ("input_layernorm", "post_attention_layernorm", "norm")
+LLAMA = "llama"
 # model types whose VersorLinear layers get VersorLoraLinear without any user registration
 VERSOR_MODEL_TYPES = (VersorConfig.model_type,)
-_LLAMA_LORA_DEFAULT = ["q_proj", "v_proj"]
+
+
+def family_targets(model_type: str, llama_targets: list[str]) -> list[str] | None:
+    """The family's counterpart of a PEFT default written for Llama, or None where it has none.
+
+    zpx keeps Llama's names (its projections and norms are Llama's). pct: each complex projection is its `real` and
+    `imag` `nn.Linear`s (`ComplexLinear` hands them 3-D inputs, as a Llama linear gets), names PCT lacks (gate_proj)
+    dropped. versor: norms only; its projections are `VersorLinear` (one weight per grade), which only LoRA adapts
+    (`VersorLoraLinear`, registered separately), so a default naming a projection is not registered."""
+    if model_type == ZPXConfig.model_type:
+        return list(llama_targets)
+    if model_type == PCTConfig.model_type:
+        names = [f"{n}.{part}" for n in llama_targets if n in PCT_COMPLEX_LINEARS for part in ("real", "imag")]
+        names += [n for n in llama_targets if n in NORMS]
+        return names or None
+    if model_type in VERSOR_MODEL_TYPES and all(n in NORMS for n in llama_targets):
+        return list(llama_targets)
+    return None
+
+
+LORA_TARGET_MODULES = {
+    ZPXConfig.model_type: family_targets(ZPXConfig.model_type, ["q_proj", "v_proj"]),
+    PCTConfig.model_type: family_targets(PCTConfig.model_type, ["q_proj", "v_proj"]),
+    VersorConfig.model_type: ["q_proj", "v_proj"],  # VersorLinear, through VersorLoraLinear
+}
 _INIT_OPTIONS = (True, False, "gaussian")
 
 
@@ -107,7 +135,12 @@ class VersorLoraLinear(nn.Module, LoraLayer):
                 f"`init_lora_weights` = {config.init_lora_weights!r} is not available for VersorLinear; "
                 f"use one of {_INIT_OPTIONS}."
             )
-        self.resolve_lora_variant(config=config)  # raises for variants (DoRA, ...) this layer does not implement
+        if config.use_dora:
+            raise ValueError(
+                "DoRA (`use_dora=True`) is not available for VersorLinear: zpx_hf's grade-wise VersorLoraLinear "
+                "implements LoRA's update only (no DoRA magnitude vector per grade); set use_dora=False."
+            )
+        self.resolve_lora_variant(config=config)  # raises for other variants this layer does not implement
 
         self.r[adapter_name] = r
         self.lora_alpha[adapter_name] = lora_alpha
@@ -226,23 +259,120 @@ def _refuse_prefix_tuning(past_key_values: Any) -> Any:
     )
 
 
+def versor_projection_names(model: nn.Module) -> set[str]:
+    """Every projection inside a decoder layer (`VersorLinear` and RRA's `nn.Linear` bivector_proj), by full name:
+    what `target_modules="all-linear"` means for Versor (heads and embeddings excluded, as PEFT does)."""
+    names = set()
+    for prefix, module in model.named_modules():
+        if type(module).__name__ == "VersorDecoderLayer":
+            names.update(
+                f"{prefix}.{name}" for name, sub in module.named_modules() if isinstance(sub, (nn.Linear, VersorLinear))
+            )
+    return names
+
+
+def _is_all_linear(targets: Any) -> bool:
+    return isinstance(targets, str) and targets.lower() == "all-linear"
+
+
+def _check_versor_targets(tuner: Any, peft_config: Any, model: nn.Module) -> None:
+    """Versor's projections are `VersorLinear`: LoRA adapts them (`VersorLoraLinear`, and `all-linear` becomes every
+    projection); any other method that would reach one, by default or by name, is refused in one line."""
+    method = getattr(peft_config.peft_type, "value", str(peft_config.peft_type))
+    targets = getattr(peft_config, "target_modules", None)
+    if peft_config.peft_type == PeftType.LORA:  # (not AdaLoRA, whose config subclasses LoraConfig)
+        if _is_all_linear(targets):
+            peft_config.target_modules = versor_projection_names(model)
+        return
+    reason = (
+        f"{method} does not apply to Versor's projections: they are VersorLinear layers (one weight per grade, "
+        f"[6, out, in]) and PEFT's {method} layers wrap nn.Linear only. Use LoRA (LoraConfig; zpx_hf adapts "
+        "VersorLinear grade-wise), or target RRA's nn.Linear `bivector_proj` by name."
+    )
+    if _is_all_linear(targets):
+        raise ValueError(f"target_modules='all-linear': {reason}")
+    if targets is None:
+        if getattr(tuner, "target_module_mapping", {}).get(model.config.model_type) is None:
+            raise ValueError(f"{method} has no default target_modules for Versor. {reason}")
+        return
+    hit = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, VersorLinear) and check_target_module_exists(peft_config, name)
+    ]
+    if hit:
+        raise ValueError(f"target_modules match {hit[0]}: {reason}")
+
+
+def _is_versor(model: nn.Module) -> bool:
+    return getattr(getattr(model, "config", None), "model_type", None) in VERSOR_MODEL_TYPES
+
+
+def _wrap_tuner_entry_points() -> None:
+    """Check Versor targets where every PEFT tuner that wraps modules starts, before PEFT resolves defaults (its own
+    message for an unknown model type does not say why): `BaseTuner.__init__` (`get_peft_model`; some tuners read
+    their targets in a pre-injection hook) and `BaseTuner.inject_adapter` (`add_adapter`, `load_adapter`).
+    Idempotent."""
+    init, inject = BaseTuner.__init__, BaseTuner.inject_adapter
+    if getattr(inject, "_zpx_hf_versor", False):
+        return
+
+    def __init__(self: BaseTuner, model: nn.Module, peft_config: Any, adapter_name: str, *args: Any, **kw: Any) -> None:
+        if _is_versor(model):
+            config = peft_config if isinstance(peft_config, PeftConfig) else peft_config[adapter_name]
+            _check_versor_targets(self, config, model)
+        init(self, model, peft_config, adapter_name, *args, **kw)
+
+    def inject_adapter(self: BaseTuner, model: nn.Module, adapter_name: str, *args: Any, **kw: Any) -> Any:
+        if _is_versor(model):
+            _check_versor_targets(self, self.peft_config[adapter_name], model)
+        return inject(self, model, adapter_name, *args, **kw)
+
+    for wrapper, original in ((__init__, init), (inject_adapter, inject)):
+        wrapper._zpx_hf_versor = True
+        wrapper.__doc__ = original.__doc__
+    BaseTuner.__init__, BaseTuner.inject_adapter = __init__, inject_adapter
+
+
+def peft_default_mappings() -> dict[str, dict]:
+    """PEFT's per-model-type default tables (`TRANSFORMERS_MODELS_TO_*_TARGET_MODULES_MAPPING`, IA3's feed-forward
+    modules) that have a Llama entry, by name."""
+    return {
+        name: mapping
+        for name, mapping in vars(peft_constants).items()
+        if name.startswith("TRANSFORMERS_MODELS_TO_")
+        and name.endswith("_MODULES_MAPPING")
+        and isinstance(mapping, dict)
+        and isinstance(mapping.get(LLAMA), list)
+    }
+
+
 def register() -> None:
-    """Write the tables above into PEFT (existing entries are kept, so a user's own choice wins). Idempotent."""
-    for name, mapping in vars(peft_constants).items():
-        if not (name.startswith("TRANSFORMERS_MODELS_TO_") and name.endswith("_TARGET_MODULES_MAPPING")):
-            continue
-        if isinstance(mapping, dict) and mapping.get("llama") == _LLAMA_LORA_DEFAULT:
-            for model_type in (ZPXConfig.model_type, PCTConfig.model_type):
-                mapping.setdefault(model_type, list(LORA_TARGET_MODULES[model_type]))
+    """Write each family's defaults into PEFT's tables (existing entries are kept, so a user's own choice wins),
+    Versor's LoRA layer and refusals. Idempotent."""
     lora_mapping = peft_constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
     for model_type in VERSOR_MODEL_TYPES:
         lora_mapping.setdefault(model_type, list(LORA_TARGET_MODULES[VersorConfig.model_type]))
         peft_constants.TRANSFORMERS_MODELS_TO_PREFIX_TUNING_POSTPROCESS_MAPPING.setdefault(
             model_type, _refuse_prefix_tuning
         )
+    for mapping in peft_default_mappings().values():
+        for model_type in (ZPXConfig.model_type, PCTConfig.model_type, *VERSOR_MODEL_TYPES):
+            targets = family_targets(model_type, mapping[LLAMA])
+            if targets is not None:
+                mapping.setdefault(model_type, targets)
     _wrap_prepare_adapter_config()
+    _wrap_tuner_entry_points()
 
 
 register()
 
-__all__ = ["LORA_TARGET_MODULES", "MultivectorDropout", "VersorLoraLinear", "register", "versor_lora_config"]
+__all__ = [
+    "LORA_TARGET_MODULES",
+    "MultivectorDropout",
+    "VersorLoraLinear",
+    "family_targets",
+    "register",
+    "versor_lora_config",
+    "versor_projection_names",
+]

@@ -175,8 +175,8 @@ class ComplexLinear(nn.Module):
     The map runs through `complex_linear` (three GEMMs for many rows, one stacked-row GEMM for few).
 
     When a sub-module is no longer a plain hook-free `nn.Linear` (a PEFT/LoRA layer, a parametrisation,
-    an FSDP unit, a hook), the forward calls the sub-modules instead, each applied once to the stacked
-    (x, y), so whatever wraps them sees every input: the same function, two GEMMs.
+    an FSDP unit, a hook), the forward calls the sub-modules instead, each on x and on y (inputs of z's rank),
+    so whatever wraps them sees every input: the same function, four GEMMs of half the rows each.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
@@ -196,11 +196,13 @@ class ComplexLinear(nn.Module):
         return complex_linear(z, (self,))
 
     def forward_submodules(self, z: torch.Tensor) -> torch.Tensor:
-        """The same map through the sub-modules' own forwards (two GEMMs): what adapters and hooks see."""
-        parts = torch.stack(complex_parts(z))  # [2, ..., in]: (x, y)
-        a_parts = self.real(parts)  # (Ax + a, Ay + a)
-        b_parts = self.imag(parts)  # (Bx + b, By + b)
-        return torch.cat((a_parts[0] - b_parts[1], b_parts[0] + a_parts[1]), dim=-1)
+        """The same map through the sub-modules' own forwards: what adapters and hooks see. Each gets x and y
+        separately, shaped as z is (`[B, L, in]`, the rank an `nn.Linear` normally sees: adapters that read the
+        rank, such as OFT, or index the batch, such as mixed-adapter batches, need that)."""
+        x, y = complex_parts(z)
+        re = self.real(x) - self.imag(y)  # (Ax + a) - (By + b)
+        im = self.imag(x) + self.real(y)  # (Bx + b) + (Ay + a)
+        return torch.cat((re, im), dim=-1)
 
     def extra_repr(self) -> str:
         return f"complex in={self.in_features}, out={self.out_features}"

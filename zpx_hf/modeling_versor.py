@@ -215,11 +215,29 @@ class VersorLinear(nn.Module):
         return cast(self.weight.permute(1, 2, 0).index_select(-1, grades), dtype)
 
     def scalar_part(self, x: torch.Tensor) -> torch.Tensor:
-        """<forward(x)>_0 `[..., out]` alone: the scalar blade is mixed by the grade-0 weight only."""
+        """<forward(x)>_0 `[..., out]` alone: the scalar blade is mixed by the grade-0 weight only. It reads the
+        weight outside `forward`, so callers use it only where `runs_plain(self)` (`versor_scalar_part`)."""
         return F.linear(x[..., 0], cast(self.weight[0], x.dtype))
 
     def extra_repr(self) -> str:
         return f"{self.in_channels} -> {self.out_channels} channels, {NUM_GRADES} grades"
+
+
+def runs_plain(layer: nn.Module) -> bool:
+    """Whether `layer` is a bare `VersorLinear` whose call is its own `forward`: not a subclass or PEFT wrapper, no
+    hooks, no instance-level forward (accelerate's offloading hooks load the weight in one; reading the weight
+    outside the call would see it on the meta device)."""
+    return (
+        type(layer) is VersorLinear
+        and not (layer._forward_hooks or layer._forward_pre_hooks)
+        and "forward" not in layer.__dict__
+    )
+
+
+def versor_scalar_part(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """<layer(x)>_0 `[..., out]`: the grade-0 GEMM alone for a bare `VersorLinear`, else the module's own call
+    (whatever wraps or hooks it sees the input and loads the weight), scalar blade taken after."""
+    return layer.scalar_part(x) if runs_plain(layer) else layer(x)[..., 0]
 
 
 @constant_tables
@@ -277,7 +295,7 @@ class VersorMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., 32 C] -> [..., 32 C]."""
         x = multivectors(x)
-        gate = F.silu(self.gate_proj.scalar_part(x)).unsqueeze(-1)
+        gate = F.silu(versor_scalar_part(self.gate_proj, x)).unsqueeze(-1)
         return self.down_proj(self.up_proj(x) * gate).flatten(-2)
 
 
@@ -429,6 +447,22 @@ class VersorPreTrainedModel(GeometricPreTrainedModel):
     def _supports_default_dynamic_cache(cls) -> bool:
         # generate must not build a DynamicCache: the model creates its own VersorCache
         return False
+
+    def forward_is_compiled(self) -> bool:
+        """Whether calls go through `torch.compile` (`model.compile()` or `model.forward = torch.compile(...)`)."""
+        return self._compiled_call_impl is not None or hasattr(self.forward, "_torchdynamo_orig_callable")
+
+    def _prepare_cache_for_generation(self, generation_config: Any, *args: Any, **kwargs: Any) -> Any:
+        # Without compile, a static-cache request is ignored with transformers' warning (the VersorCache gives the
+        # same tokens); with compile it would recompile on every step instead of once, so it is refused.
+        if generation_config.cache_implementation == "static" and self.forward_is_compiled():
+            raise ValueError(
+                "cache_implementation='static' with a compiled forward is not available for Versor: it has no "
+                "static cache (its VersorCache grows GPA keys by one token per step; RRA keeps a fixed rotor "
+                "state), so the compiled step would recompile per token instead of once; generate eagerly, or "
+                "without cache_implementation='static'."
+            )
+        return super()._prepare_cache_for_generation(generation_config, *args, **kwargs)
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)

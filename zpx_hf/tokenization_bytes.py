@@ -4,6 +4,13 @@ Built with the `tokenizers` library and wrapped as a standard fast tokenizer, so
 checkpoint's `tokenizer.json` loads with `AutoTokenizer.from_pretrained(path)` offline and
 without remote code. Ids match `GeometricConfig` defaults: pad=0, bos=1, eos=2, unk=3; the byte
 `b` is token `b + BYTE_OFFSET`. Every UTF-8 string round-trips exactly (no unknown bytes).
+
+BOS: by default `tokenizer(text)` is the bytes alone and `add_bos_token` says False. transformers 5 drops a saved
+`add_bos_token` when a `tokenizer.json` exists, so a reloaded tokenizer always reports False: a post-processor that
+prepended BOS anyway would contradict it, and lm-eval's rolling log-likelihood (which prepends its own BOS prefix)
+would then score log p(<s> | <s>) once per document. `AutoTokenizer.from_pretrained(path, add_bos_token=True)`
+prepends BOS and says so (the training data of `data_tasks` starts every document with BOS itself). No saved file
+carries that choice (a BOS post-processor saved in `tokenizer.json` would reload reporting False again).
 """
 
 from __future__ import annotations
@@ -45,9 +52,8 @@ def _byte_tokenizer_backend() -> Any:
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK_TOKEN))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B", special_tokens=[(BOS_TOKEN, BOS_ID)]
-    )
+    # no specials by default (see the module docstring); transformers rebuilds this for add_bos_token=True
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B:1", special_tokens=[])
     tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
     return tokenizer
 
@@ -67,7 +73,8 @@ def _bytes_to_unicode() -> list[str]:
 
 
 def build_byte_tokenizer(model_max_length: int = 512) -> Any:
-    """A `PreTrainedTokenizerFast` over bytes; prepends BOS, pads with `<pad>` (id 0) on the right."""
+    """A `PreTrainedTokenizerFast` over bytes, no BOS (see the module docstring); pads with `<pad>` (id 0) on the
+    right."""
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast(

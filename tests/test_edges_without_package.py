@@ -1,0 +1,116 @@
+"""What the README says each client needs where zpx_hf is not installed (remote-code checkpoints): PEFT with the
+family's targets written out, TRL's DPO with `trust_remote_code=True` (it rebuilds the reference model from the
+policy's path). Runs in a fresh Python that cannot import zpx_hf."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import make_tiny_config
+from transformers import AutoModelForCausalLM
+
+import zpx_hf  # noqa: F401
+from zpx_hf.tokenization_bytes import VOCAB_SIZE, build_byte_tokenizer
+
+pytest.importorskip("peft")
+
+# the README's table, "Where zpx_hf is not installed"
+README_LORA_TARGETS = {
+    "zpx": ["q_proj", "v_proj"],
+    "pct": ["q_proj.real", "q_proj.imag", "v_proj.real", "v_proj.imag"],
+}
+README_IA3_FEEDFORWARD = {"zpx": ["down_proj"], "pct": ["down_proj.real", "down_proj.imag"]}
+
+_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.modules["zpx_hf"] = None
+    import peft, torch
+    from transformers import AutoModelForCausalLM
+    path, lora_targets, feedforward = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+    report = {}
+    ids = torch.randint(4, 260, (1, 12), generator=torch.Generator().manual_seed(0))
+
+    def load():
+        return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
+
+    base = load()
+    with torch.no_grad():
+        base_logits = base(input_ids=ids).logits
+    try:
+        peft.get_peft_model(load(), peft.LoraConfig(task_type="CAUSAL_LM"))
+        report["lora_default"] = "worked"
+    except ValueError as error:
+        report["lora_default"] = str(error)
+    for name, config in (
+        ("lora", peft.LoraConfig(task_type="CAUSAL_LM", target_modules=lora_targets)),
+        ("ia3", peft.IA3Config(task_type="CAUSAL_LM", target_modules=lora_targets + feedforward,
+                               feedforward_modules=feedforward)),
+    ):
+        model = peft.get_peft_model(load(), config)
+        wrapped = sorted(n for n, m in model.named_modules() if isinstance(m, peft.tuners.tuners_utils.BaseTunerLayer))
+        with torch.no_grad():
+            difference = (model(input_ids=ids).logits - base_logits).abs().max().item()
+        report[name] = {"wrapped": len(wrapped), "difference": difference}
+    if len(sys.argv) > 4:  # TRL DPO: the reference model is rebuilt from the policy's path
+        from datasets import Dataset
+        from transformers import AutoTokenizer
+        from trl import DPOConfig, DPOTrainer
+        data = Dataset.from_dict({"prompt": ["ab"] * 2, "chosen": ["cd"] * 2, "rejected": ["ef"] * 2})
+        args = DPOConfig(output_dir=sys.argv[4], trust_remote_code=True, report_to=[], max_steps=1,
+                         per_device_train_batch_size=2, use_cpu=True)
+        trainer = DPOTrainer(model=load(), args=args, train_dataset=data,
+                             processing_class=AutoTokenizer.from_pretrained(path, trust_remote_code=True))
+        report["dpo_reference"] = type(trainer.ref_model).__module__
+    print("REPORT=" + json.dumps(report))
+    """
+)
+
+
+def run_without_package(tmp_path, case: str, dpo: bool) -> dict:
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(make_tiny_config(case, vocab_size=VOCAB_SIZE))
+    model.save_pretrained(tmp_path / "ckpt")
+    build_byte_tokenizer().save_pretrained(tmp_path / "ckpt")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"), TRANSFORMERS_VERBOSITY="error")
+    arguments = [
+        str(tmp_path / "ckpt"),
+        json.dumps(README_LORA_TARGETS[case]),
+        json.dumps(README_IA3_FEEDFORWARD[case]),
+    ]
+    if dpo:
+        arguments.append(str(tmp_path / "dpo"))
+    completed = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, *arguments],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    line = next(line for line in completed.stdout.splitlines() if line.startswith("REPORT="))
+    return json.loads(line.removeprefix("REPORT="))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["zpx", "pct"])
+def test_peft_and_trl_need_the_readme_arguments_without_the_package(case, tmp_path):
+    pytest.importorskip("trl")
+    report = run_without_package(tmp_path, case, dpo=case == "zpx")
+    assert "target_modules" in report["lora_default"]  # why the README writes the targets out
+    layers = make_tiny_config(case).num_hidden_layers
+    assert report["lora"]["wrapped"] == layers * len(README_LORA_TARGETS[case])
+    assert report["ia3"]["wrapped"] == layers * (len(README_LORA_TARGETS[case]) + len(README_IA3_FEEDFORWARD[case]))
+    for method in ("lora", "ia3"):
+        assert report[method]["difference"] < 1e-5  # identity at init (fp32)
+    if case == "zpx":
+        assert report["dpo_reference"].startswith("transformers_modules")
