@@ -24,13 +24,7 @@ from zpx_hf.tokenization_bytes import build_byte_tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    # Micro models: a second intra-op thread costs more than it saves (and collapses on a busy machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -39,13 +39,7 @@ with open(sys.argv[2], "w") as f:
 """
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    # Micro models: a second intra-op thread costs more than it saves (and collapses on a busy machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

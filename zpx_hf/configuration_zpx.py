@@ -8,7 +8,7 @@ from .configuration_common import GeometricConfig, Rule
 
 
 class ZPXConfig(GeometricConfig):
-    """Configuration of a ZPX model (SPEC §2). Shared fields: see `GeometricConfig`.
+    """Configuration of a ZPX model (docs/design.md §3). Shared fields: see `GeometricConfig`.
 
     Args:
         phase_channels: phase channels `C` per head of the phase encoder.

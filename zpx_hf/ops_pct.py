@@ -1,4 +1,4 @@
-"""PCT sigmoid attention (SPEC §3, §5): the entry point and kernel dispatch.
+"""PCT sigmoid attention (docs/design.md §4, §6): the entry point and kernel dispatch.
 
     a_ij = sigmoid(tau_h q_i.k_j + b_h) on visible pairs (else 0),   out_i = sum_j a_ij v_j
 

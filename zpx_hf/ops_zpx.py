@@ -1,4 +1,4 @@
-"""ZPX angle-sphere attention (SPEC §2): phase coordinates and the fast attention path.
+"""ZPX angle-sphere attention (docs/design.md §3): phase coordinates and the fast attention path.
 
 Phase encoder output per head and channel c (pre-activations come from `to_log_r`, `to_theta`, `to_b`):
 
