@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # A CPU build of torch; override with TORCH_SPEC=torch for your platform's default build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup main test test-hf lint bench
+.PHONY: setup main test test-hf lint check bench
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,8 +40,28 @@ test-hf: setup
 	$(PY) -c "import parameterized" 2>/dev/null || $(PY) -m pip install -q parameterized  # used by those tests
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -ra tests/test_hf_common.py
 
+# The checks CI runs (.ci/run) and the pre-commit hooks run: lint, then formatting.
+RUFF_PATHS := zpx_hf training tests benchmarks
 lint: setup
-	$(PY) -m ruff check zpx_hf training tests benchmarks
+	$(VENV)/bin/ruff check $(RUFF_PATHS)
 
+check: setup
+	$(VENV)/bin/ruff check $(RUFF_PATHS)
+	$(VENV)/bin/ruff format --check $(RUFF_PATHS)
+
+# Every benchmark, one after another (hours on a CPU; results land in benchmarks/results and the README tables
+# are refreshed from them by `python benchmarks/update_readme.py`). `make bench QUICK=1` is the smoke run: tiny
+# sizes, every script, nothing written (the ablation writes its quick run to a temporary folder).
+# benchmarks/gpu_check.py runs on a CUDA machine only and is not part of this target.
+BENCH_SCRIPTS := bench_attention bench_pct bench_versor bench_zpx_memory bench_step bench_compile bench_row_major
 bench: setup
-	$(PY) benchmarks/bench_zpx_memory.py
+ifdef QUICK
+	for script in $(BENCH_SCRIPTS); do $(PY) benchmarks/$$script.py --quick || exit 1; done
+	tmp=$$(mktemp -d) && $(PY) benchmarks/ablation.py --size small --seeds 1 --tasks mqar \
+		--variants baseline zpx_full pct versor_hybrid --output $$tmp && rm -rf $$tmp
+else
+	for script in $(BENCH_SCRIPTS); do $(PY) benchmarks/$$script.py || exit 1; done
+	$(PY) benchmarks/ablation.py --size small
+	$(PY) benchmarks/ablation.py --size medium
+	$(PY) benchmarks/update_readme.py
+endif

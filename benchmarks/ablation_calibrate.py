@@ -16,13 +16,13 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from ablation_models import baseline_width, build_model
 from ablation_runs import EVAL_SEED, Rows, SizeSpec, TaskBudget, io_shape, lm_examples, lm_loss_fn, train_loop
+from measure import clock  # benchmarks/measure.py: the one wall clock of every benchmark
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TRIALS_FILE = RESULTS / "calibration_trials.jsonl"
@@ -191,13 +191,13 @@ def run_trial(name: str, seed: int, probe_every: int, target: float, eval_exampl
     params = budget.params if task != "passkey" else {**budget.params}
     heldout = Rows(lm_examples(task, eval_examples, EVAL_SEED, params))
     curve: list[tuple[int, float]] = []
-    started = time.perf_counter()
+    started = clock()
 
     def probe(step: int) -> bool:
         accuracy = task_accuracy(model, heldout, batch_size=64)["token_accuracy"]
-        curve.append((step, accuracy, round(time.perf_counter() - started, 1)))
+        curve.append((step, accuracy, round(clock() - started, 1)))
         print(
-            f"[{name} seed {seed}] step {step}: accuracy {accuracy:.3f} ({time.perf_counter() - started:.0f}s)",
+            f"[{name} seed {seed}] step {step}: accuracy {accuracy:.3f} ({clock() - started:.0f}s)",
             flush=True,
         )
         return len(curve) >= 2 and curve[-1][1] >= target and curve[-2][1] >= target
@@ -224,7 +224,7 @@ def run_trial(name: str, seed: int, probe_every: int, target: float, eval_exampl
         "first_step_at_0.9": reached,
         "final_accuracy": curve[-1][1] if curve else None,
         "steps_done": result["steps_done"],
-        "seconds": round(time.perf_counter() - started, 1),
+        "seconds": round(clock() - started, 1),
         "seconds_per_step": round(result["train_seconds"] / result["steps_done"], 4),
         "threads": torch.get_num_threads(),
         "command": " ".join(["python benchmarks/ablation_calibrate.py", *sys.argv[1:]]),

@@ -142,7 +142,7 @@ def baseline_learned(by: dict[tuple[str, str], dict[str, Any]], task: str, key: 
 def claims(
     by: dict[tuple[str, str], dict[str, Any]], spec: dict[str, Any], reference: dict[str, Any] | None
 ) -> list[str]:
-    """The seed documents' claims, each marked reproduced / not reproduced / undecided, with the numbers."""
+    """The source designs' claims, each marked reproduced / not reproduced / undecided, with the numbers."""
     lines = ["Seed claims checked by this run:", ""]
     multiples = spec.get("passkey_multiples", [])
     # PCT: retrieval far beyond the trained length (1.000 vs 0.583 for softmax at long context)

@@ -2,10 +2,11 @@
 
     python benchmarks/bench_attention.py                       # CPU, and CUDA too when one is present
     python benchmarks/bench_attention.py --devices cuda --lengths 1024 4096 16384
+    python benchmarks/bench_attention.py --quick               # smoke run: tiny sizes, prints only
 
 Paths (one head layout for all: B=1, H=2 on CPU / B=2, H=8 on CUDA, 64 features per head, causal):
   softmax_sdpa      torch SDPA softmax attention (the baseline; flash/efficient kernels where available)
-  zpx_materialised  the seed's ZPX form, [L, L, C] angle and [L, L, C, 3] sphere tensors (C = 4)
+  zpx_materialised  ZPX's score term by term (docs/design.md §3.3): [L, L, C], [L, L, C, 3] tensors (C = 4)
   zpx_sdpa          ZPX as SDPA on the augmented head dim d + 5C (exact)
   pct_reference     PCT sigmoid attention, tiled PyTorch path (query panels; real head dim 2d = 64)
   pct_triton        PCT fused Triton kernels (CUDA)
@@ -14,10 +15,10 @@ Paths (one head layout for all: B=1, H=2 on CPU / B=2, H=8 on CUDA, 64 features 
   gpa_triton        Versor GPA fused Triton kernels (CUDA)
   rra_scan          Versor RRA: closed-form rotors, log-depth scan (Triton scan on CUDA), sandwich; compact
 
-CPU: fp32, wall time = median of `--repeats` runs after a warm-up; peak memory = growth of the worker
-process's peak RSS over its RSS before the op (each point runs in a fresh subprocess). CUDA: bf16 (RRA
-runs in fp32 by design), time from `triton.testing.do_bench` (median, L2 flushed), memory =
-`torch.cuda.max_memory_allocated` over the inputs. A path stops at the first length that fails (e.g.
+Each point runs in a fresh subprocess and is measured as every benchmark measures (benchmarks/measure.py):
+wall time = median of `--repeats` calls after a warm-up (CUDA synchronised); peak memory = growth of the
+worker's peak RSS over its RSS before the op's first call (CPU), `torch.cuda.max_memory_allocated` over
+the inputs (CUDA). CPU: fp32; CUDA: bf16 (RRA runs in fp32 by design). A path stops at the first length that fails (e.g.
 out of memory) or takes longer than `--max-seconds`. Writes benchmarks/results/bench_attention.csv,
 bench_attention.md and bench_attention.png (log-log time and memory vs length).
 """
@@ -29,14 +30,12 @@ import csv
 import functools
 import json
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from measure import peak_rss_growth, rss_bytes, run_worker  # benchmarks/measure.py
+from measure import interleaved_times, medians, peak_memory, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PATHS = (
@@ -139,36 +138,9 @@ def worker(path: str, length: int, device: str, batch: int, heads: int, repeats:
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     dtype = torch.bfloat16 if device == "cuda" and path != "rra_scan" else torch.float32
     step = make_step(path, length, device, dtype, batch, heads)
-    step()  # warm-up: allocator, autotuning, compilation
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        try:
-            from triton.testing import do_bench
-
-            ms = float(do_bench(step, warmup=5, rep=max(20, 10 * repeats), return_mode="median"))
-        except ImportError:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            times = []
-            for _ in range(repeats):
-                start.record()
-                step()
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end))
-            ms = statistics.median(times)
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        base = rss_bytes()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - start) * 1e3)
-        ms = statistics.median(times)
-        peak = peak_rss_growth(base)
-    return {"ms": ms, "peak_mib": max(peak, 0) / 2**20, "dtype": str(dtype).replace("torch.", "")}
+    peak = peak_memory(step, device)  # before the timed calls: a warm-up would hide the CPU peak (measure.py)
+    times, _ = interleaved_times({path: step}, rounds=repeats, warmup=1, device=device)
+    return {"ms": medians(times)[path] * 1e3, "peak_mib": peak / 2**20, "dtype": str(dtype).replace("torch.", "")}
 
 
 def run_point(spec: list[Any], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -257,8 +229,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-seconds", type=float, default=60.0, help="per-point wall-clock limit")
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--tag", default="bench_attention")
+    parser.add_argument("--quick", action="store_true", help="smoke run: L = 64, 128, 2 repeats, prints only")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.lengths, args.repeats = args.lengths or [64, 128], 2
 
     if args.worker:
         spec = json.loads(args.worker)
@@ -305,6 +280,9 @@ def main(argv: list[str] | None = None) -> None:
         },
         "skipped": skipped,
     }
+    if args.quick:
+        print(markdown(rows, meta))
+        return
     args.output.mkdir(parents=True, exist_ok=True)
     stem = args.output / args.tag
     with open(stem.with_suffix(".csv"), "w", newline="") as f:

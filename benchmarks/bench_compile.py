@@ -9,8 +9,8 @@ parameter-matched to Llama, Versor at Llama's hidden width) at the sizes below. 
 process holds the eager model and `torch.compile(model, backend=...)` (the same parameters) and times the
 same training step with both: forward with labels, backward, AdamW step (the optimizer runs eagerly in
 both). The first round compiles and is not counted; in every later round all models and both modes take
-turns, the order alternating between rounds, and a ratio is compiled / eager from the same rounds (CPU time
-of the worker, `time.process_time`, 1 torch thread; medians over the rounds). Graph breaks are counted by
+turns, the order reversed every round, and a ratio is compiled / eager from the same rounds (wall clock,
+1 torch thread, medians over the rounds: benchmarks/measure.py). Graph breaks are counted by
 `torch._dynamo.explain` on the forward with labels.
 Writes benchmarks/results/bench_compile.md and bench_compile.csv (not with --quick).
 """
@@ -20,13 +20,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
-from bench_step import FAMILIES, VOCAB, build_all, interleaved  # benchmarks/bench_step.py
-from measure import run_worker  # benchmarks/measure.py
+from bench_step import FAMILIES, VOCAB, build_all  # benchmarks/bench_step.py
+from measure import interleaved_times, median_ratio, medians, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FULL = {"hidden": 128, "intermediate": 344, "layers": 2, "heads": 4, "batch": 4, "length": 256, "rounds": 7}
@@ -55,20 +54,20 @@ def compile_worker(names: list[str], size: dict, backend: str) -> dict:
                 optimizer.zero_grad(set_to_none=True)
 
             steps[f"{name}/{mode}"] = step
-    times, errors = interleaved(steps, size["rounds"])
+    times, errors = interleaved_times(steps, size["rounds"] - 1)  # the warm-up round compiles
+    seconds = medians(times)
     out = {}
     for name in list(models) + list(build_errors):
         failed = build_errors.get(name) or errors.get(f"{name}/eager") or errors.get(f"{name}/compiled")
         if failed:
             out[name] = {"error": failed}
             continue
-        eager, compiled = times[f"{name}/eager"], times[f"{name}/compiled"]
         out[name] = {
             "params": sum(p.numel() for p in models[name].parameters()),
             "graph_breaks": breaks[name],
-            "eager_ms": statistics.median(eager) * 1e3,
-            "compiled_ms": statistics.median(compiled) * 1e3,
-            "ratio": statistics.median(c / e for c, e in zip(compiled, eager)),
+            "eager_ms": seconds[f"{name}/eager"] * 1e3,
+            "compiled_ms": seconds[f"{name}/compiled"] * 1e3,
+            "ratio": median_ratio(times, f"{name}/compiled", f"{name}/eager"),
         }
     return out
 
@@ -78,7 +77,7 @@ def report(results: dict, names: list[str], size: dict, backend: str, command: s
         f"torch.compile (backend `{backend}`) vs eager, one training step (forward with labels, backward, AdamW) "
         f"on CPU, 1 thread (`{command}`; {seconds / 60:.1f} min wall). Vocabulary {VOCAB}, {size['layers']} "
         f"layers, {size['heads']} heads, hidden {size['hidden']} (PCT parameter-matched to Llama), batch "
-        f"{size['batch']} x {size['length']} tokens. CPU time medians over {size['rounds'] - 1} interleaved "
+        f"{size['batch']} x {size['length']} tokens. Wall-clock medians over {size['rounds'] - 1} interleaved "
         "rounds after the compiling round; ratio = compiled / eager from the same rounds (below 1: compile "
         "is faster). Graph breaks: `torch._dynamo.explain` on the forward with labels."
     )

@@ -11,13 +11,13 @@ through `zpx_hf.ops_pct.pct_attention(..., kernel=...)`:
                   (the softmax baseline; not the same function, only the same shapes)
 
 Time: one worker per length runs every method in interleaved rounds and reports medians over the rounds
-after a warm-up, and each method's ratio to SDPA from the same rounds; on CPU the time is the worker's CPU
-time (`time.process_time`), so load from other processes does not count.
+after a warm-up, and each method's ratio to SDPA from the same rounds (wall clock: run it on an idle machine).
 Peak memory: a fresh worker per (method, length), the growth of peak RSS over the RSS just before the
-first call (CPU) or `torch.cuda.max_memory_allocated` above the inputs (CUDA). CPU workers use
-`--threads` (default 1).
+first call (CPU) or `torch.cuda.max_memory_allocated` above the inputs (CUDA). Both as every benchmark
+measures them (benchmarks/measure.py). CPU workers use `--threads` (default 1).
 
 Usage:  python benchmarks/bench_pct.py [--lengths 512 1024 2048 4096 8192] [--cuda-lengths ...]
+        python benchmarks/bench_pct.py --quick        # smoke run: tiny sizes, prints only
 Writes benchmarks/results/pct_bench_cpu.md, and pct_bench_cuda.md (fp32 and bf16 rows) when CUDA is
 available.
 """
@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
-from measure import peak_rss_growth, rss_bytes, run_worker  # benchmarks/measure.py
+from measure import interleaved_times, median_ratio, medians, peak_memory, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("naive", "cpu", "triton", "sdpa-softmax")
@@ -74,19 +72,7 @@ def memory_worker(
     if device == "cpu":
         torch.set_num_threads(threads)
     step = make_op(method, length, device, dtype_name, heads, complex_dim)
-    # CPU: peak RSS over the RSS before the first call (the first call's peak counts). CUDA: after a warm-up.
-    base = rss_bytes() if device == "cpu" else 0
-    step()
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        step()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        peak = peak_rss_growth(base)
-    return {"peak_mib": max(peak, 0) / 2**20}
+    return {"peak_mib": peak_memory(step, device) / 2**20}
 
 
 def time_worker(
@@ -98,23 +84,12 @@ def time_worker(
     if device == "cpu":
         torch.set_num_threads(threads)
     steps = {m: make_op(m, length, device, dtype_name, heads, complex_dim) for m in methods}
-    clock = time.process_time if device == "cpu" else time.perf_counter  # CPU: other processes do not count
-    times: dict[str, list[float]] = {m: [] for m in methods}
-    rounds = 7 if device == "cpu" else 11
-    for round_index in range(rounds):
-        order = methods if round_index % 2 == 0 else methods[::-1]
-        for method in order:
-            if device == "cuda":
-                torch.cuda.synchronize()
-            start = clock()
-            steps[method]()
-            if device == "cuda":
-                torch.cuda.synchronize()
-            if round_index > 0:
-                times[method].append(clock() - start)
-    ms = {m: statistics.median(t) * 1e3 for m, t in times.items()}
-    base = ms.get("sdpa-softmax")
-    return {m: {"ms": ms[m], "ratio": ms[m] / base if base else float("nan")} for m in methods}
+    times, errors = interleaved_times(steps, rounds=6 if device == "cpu" else 10, device=device)
+    if errors:
+        raise RuntimeError("; ".join(f"{method}: {error}" for method, error in errors.items()))
+    ms = {m: seconds * 1e3 for m, seconds in medians(times).items()}
+    ratio = {m: median_ratio(times, m, "sdpa-softmax") if "sdpa-softmax" in times else float("nan") for m in methods}
+    return {m: {"ms": ms[m], "ratio": ratio[m]} for m in methods}
 
 
 def table(rows: dict, lengths: list[int], methods: list[str], title: str) -> list[str]:
@@ -153,7 +128,6 @@ def run_device(device: str, lengths: list[int], dtypes: list[str], methods: list
             f"(real {2 * args.complex_dim}), causal, {dtype}, device={device}"
             + (f", {args.threads} CPU thread(s)" if device == "cpu" else "")
             + f"; `{args.command}`. Time: median over interleaved rounds in one process"
-            + (" (CPU time)" if device == "cpu" else "")
             + ", ratio to SDPA from the same rounds; peak memory: a fresh process per point."
         )
         lines += table(rows, lengths, methods, title) + [""]
@@ -168,8 +142,11 @@ def main() -> None:
     parser.add_argument("--complex-dim", type=int, default=32)
     parser.add_argument("--naive-max", type=int, default=4096, help="skip the L x L naive form beyond this L")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker")
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, prints only")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.lengths, args.cuda_lengths, args.heads, args.complex_dim = [64, 128], [256], 2, 8
 
     if args.worker:
         kind, *spec = json.loads(args.worker)
@@ -185,14 +162,17 @@ def main() -> None:
     lines.append(
         "CPU has no Triton fast path (the interpreter only checks correctness), so the kernel rows are GPU-only."
     )
-    (RESULTS / "pct_bench_cpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    if not args.quick:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "pct_bench_cpu.md").write_text("\n".join(lines) + "\n")
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
         lines = [f"GPU: {name}.", ""]
         lines += run_device("cuda", args.cuda_lengths, ["float32", "bfloat16"], list(METHODS), args)
-        (RESULTS / "pct_bench_cuda.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
+        if not args.quick:
+            (RESULTS / "pct_bench_cuda.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

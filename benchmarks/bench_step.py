@@ -20,11 +20,11 @@ Training step: forward + backward + AdamW at B=4, L=256 and L=1024 (labels = inp
 256 / time. Decode at long context: ms per token of 32 single-token forwards with the cache after a prefill
 of 4096 random tokens (the KV cache grows with the context, the Versor RRA state does not). Peak
 memory: growth of the peak RSS of a fresh worker holding one model over one training step at the longest L
-(model and optimizer state exist before the baseline is read). Times are CPU time of the worker process
-(`time.process_time`; 1 torch thread), so time the machine spends on other processes does not count. Each
-measurement runs in a fresh worker process; inside it the models take turns (the order alternates every
-round) so cache and memory contention hit them alike; each number is the median over the rounds after a
-warm-up round, and ratios to Llama come from the same rounds.
+(model and optimizer state exist before the baseline is read; the first step, no warm-up). Times are
+wall-clock seconds (1 torch thread; run it on an idle machine). Measured as every benchmark measures
+(benchmarks/measure.py): each measurement in a fresh worker process; inside it the models take turns (the
+order reversed every round) so cache and memory contention hit them alike; each number is the median over
+the rounds after a warm-up round, and ratios to Llama come from the same rounds.
 Writes benchmarks/results/bench_step.md and bench_step.csv (not with --quick).
 """
 
@@ -33,13 +33,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from measure import run_worker  # benchmarks/measure.py
+from measure import clock, interleaved_times, medians, peak_memory, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FAMILIES = ("zpx", "pct", "versor-rra", "versor-gpa", "versor-hybrid")
@@ -145,35 +143,15 @@ def build_all(names: list[str], size: dict) -> tuple[dict, dict]:
     return models, errors
 
 
-def interleaved(run: dict, rounds: int, timed_inside: bool = False) -> tuple[dict, dict]:
-    """({name: [seconds per round after the first]}, {name: error}); the order alternates every round. With
-    `timed_inside` each run returns its own measured seconds (the part after its untimed set-up)."""
-    names = list(run)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    errors: dict[str, str] = {}
-    for index in range(rounds):
-        for name in names if index % 2 == 0 else names[::-1]:
-            if name in errors:
-                continue
-            start = time.process_time()  # CPU time of this process: other processes' load does not count
-            try:
-                inside = run[name]()
-            except Exception as error:  # noqa: BLE001
-                errors[name] = f"{type(error).__name__}: {error}"[:200]
-                continue
-            if index > 0:
-                times[name].append(inside if timed_inside else time.process_time() - start)
-    return times, errors
-
-
 def summarise(times: dict, errors: dict, build_errors: dict, models: dict) -> dict:
+    seconds = medians(times)
     out = {}
     for name in list(models) + list(build_errors):
         if name in build_errors or name in errors:
             out[name] = {"error": build_errors.get(name) or errors[name]}
         else:
             params = sum(p.numel() for p in models[name].parameters())
-            out[name] = {"seconds": statistics.median(times[name]), "params": params}
+            out[name] = {"seconds": seconds[name], "params": params}
     return out
 
 
@@ -194,7 +172,7 @@ def train_worker(names: list[str], size: dict, length: int) -> dict:
             optimizer.zero_grad(set_to_none=True)
 
         steps[name] = step
-    times, errors = interleaved(steps, size["train_rounds"])
+    times, errors = interleaved_times(steps, size["train_rounds"] - 1)
     return summarise(times, errors, build_errors, models)
 
 
@@ -224,7 +202,7 @@ def generate_worker(names: list[str], size: dict) -> dict:
                 raise RuntimeError(f"generated {out.shape[1] - prompt.shape[1]} tokens, expected {new}")
 
         runs[name] = run
-    times, errors = interleaved(runs, size["generate_rounds"])
+    times, errors = interleaved_times(runs, size["generate_rounds"] - 1)
     return summarise(times, errors, build_errors, models)
 
 
@@ -245,21 +223,20 @@ def decode_worker(names: list[str], size: dict, context: int) -> dict:
             with torch.no_grad():
                 out = model(input_ids=prompt, use_cache=True)
                 cache, token = getattr(out, CACHE_FIELD), out.logits[:, -1:].argmax(-1)
-                start = time.process_time()
+                start = clock()  # the prefill above is set-up, not timed
                 for _ in range(size["decode_tokens"]):
                     out = model(input_ids=token, past_key_values=cache, use_cache=True)
                     cache, token = getattr(out, CACHE_FIELD), out.logits[:, -1:].argmax(-1)
-                return (time.process_time() - start) / size["decode_tokens"]
+                return (clock() - start) / size["decode_tokens"]
 
         runs[name] = run
-    times, errors = interleaved(runs, size["decode_rounds"], timed_inside=True)
+    times, errors = interleaved_times(runs, size["decode_rounds"] - 1)
     return summarise(times, errors, build_errors, models)
 
 
 def memory_worker(name: str, size: dict, length: int) -> dict:
     """Peak-RSS growth (bytes) of one training step of one model at batch x `length`."""
     import torch
-    from measure import peak_rss_growth, rss_bytes
 
     torch.set_num_threads(1)
     models, build_errors = build_all([name], size)
@@ -274,16 +251,18 @@ def memory_worker(name: str, size: dict, length: int) -> dict:
             "exp_avg_sq": torch.zeros_like(parameter),
         }
     ids = torch.randint(3, VOCAB, (size["batch"], length), generator=torch.Generator().manual_seed(0))
-    base = rss_bytes()
-    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
-    optimizer.step()
-    return {name: {"peak_bytes": peak_rss_growth(base)}}
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        optimizer.step()
+
+    return {name: {"peak_bytes": peak_memory(step)}}
 
 
 def report(results: dict, names: list[str], size: dict, command: str, seconds: float) -> tuple[list[str], list[dict]]:
     """Markdown lines and CSV rows: each measurement with its ratio to Llama from the same worker."""
     header = (
-        f"Training step and generation vs `LlamaForCausalLM` (CPU time, 1 thread; `{command}`; "
+        f"Training step and generation vs `LlamaForCausalLM` (wall clock, 1 thread; `{command}`; "
         f"{seconds / 60:.1f} min wall). "
         f"Vocabulary {VOCAB}, {size['layers']} layers, {size['heads']} heads; Llama/ZPX hidden {size['hidden']}, "
         f"intermediate {size['intermediate']}; PCT parameter-matched to Llama; Versor hidden {size['hidden']}. "
@@ -366,7 +345,7 @@ def main() -> None:
     size = QUICK if args.quick else FULL
     names = [f for f in FAMILIES if f in args.families]
     command = "python benchmarks/bench_step.py " + " ".join(sys.argv[1:])
-    started = time.perf_counter()
+    started = clock()
     results: dict[str, dict] = {}
     everyone = ["llama", *names]
     for length in size["lengths"]:
@@ -382,7 +361,7 @@ def main() -> None:
     for name in everyone:  # one fresh worker per model: peak RSS is per process
         results[memory].update(_worker(["memory", [name], size, max(size["lengths"])]))
     print("memory:", json.dumps(results[memory]), flush=True)
-    lines, rows = report(results, names, size, command.strip(), time.perf_counter() - started)
+    lines, rows = report(results, names, size, command.strip(), clock() - started)
     print("\n".join(lines))
     if args.quick:
         return

@@ -16,16 +16,17 @@ exponentials, scan, sandwich; the state it carries is one rotor, [B, H, 32] floa
 * `rra-sequential` the loop R_t = R_{t-1} dR_t with matrix exponentials (the reference)
 * `rra-scan`       closed-form rotors, log-depth scan, structure-of-arrays complex products
 * `rra-triton`     the Triton scan kernel (CUDA only)
-* `rra-triton`     the Triton scan kernel (CUDA only)
 * `rra-sdpa`       torch SDPA, causal, on q, k, v of the same B, H and width (D = 32 c = 64): the baseline
 On CPU the RRA times come from one process per L running the methods interleaved (`--rra-rounds`,
 medians), like GPA's.
 
-Each point's peak memory comes from a fresh subprocess: the growth of peak RSS over the RSS just before the
-op (CPU) or `torch.cuda.max_memory_allocated` above the inputs (CUDA). `us/token` = time / (B * L): flat
-in L means linear scaling.
+Each point's peak memory comes from a fresh subprocess, measured before any other call of the op: the growth
+of peak RSS over the RSS just before its first call (CPU) or `torch.cuda.max_memory_allocated` above the
+inputs (CUDA); times are wall-clock medians (benchmarks/measure.py). `us/token` = time / (B * L): flat in L
+means linear scaling.
 
 Usage:  python benchmarks/bench_versor.py [--gpa-lengths 512 1024 2048 4096] [--rra-lengths 1024 4096 16384 65536]
+        python benchmarks/bench_versor.py --quick      # smoke run: tiny sizes, prints only
 Writes benchmarks/results/versor_bench_cpu.md, and versor_bench_cuda.md (GPU rows, fp32 and bf16 for GPA)
 when CUDA is available.
 """
@@ -35,10 +36,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 
-from measure import peak_rss_growth, rss_bytes, run_worker  # benchmarks/measure.py
+from measure import interleaved_times, medians, peak_memory, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GPA_METHODS = ("gpa-naive", "gpa-chunked", "gpa-triton", "sdpa")
@@ -60,27 +60,13 @@ def worker(method: str, length: int, device: str, dtype_name: str) -> dict:
 
     def step() -> None:
         op().float().sum().backward()
+        for leaf in leaves:
+            leaf.grad = None
 
-    step()  # warm-up (allocator, kernel compilation)
-    for leaf in leaves:
-        leaf.grad = None
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        base = rss_bytes()
-    repeats = 5 if device == "cuda" else 2
-    start = time.perf_counter()
-    for _ in range(repeats):
-        step()
-    if device == "cuda":
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        peak = peak_rss_growth(base)
-    seconds = (time.perf_counter() - start) / repeats
-    return {"ms": seconds * 1e3, "us_per_token": seconds * 1e6 / length, "peak_mib": max(peak, 0) / 2**20}
+    peak = peak_memory(step, device)  # before any other call: a warm-up would hide the CPU peak (measure.py)
+    times, _ = interleaved_times({method: step}, rounds=5 if device == "cuda" else 2, warmup=0, device=device)
+    seconds = medians(times)[method]
+    return {"ms": seconds * 1e3, "us_per_token": seconds * 1e6 / length, "peak_mib": peak / 2**20}
 
 
 def gpa_op(method: str, length: int, device: str, dtype):
@@ -121,9 +107,8 @@ def rra_op(method: str, length: int, device: str, dtype):
 
 
 def gpa_time_worker(length: int, methods: list[str], rounds: int) -> dict:
-    """CPU, 1 thread: the methods' forward + backward interleaved, `rounds` times; median ms per method."""
-    import statistics
-
+    """CPU, 1 thread: the methods' forward + backward interleaved, `rounds` times after a warm-up round; median
+    ms per method."""
     import torch
 
     torch.set_num_threads(1)
@@ -131,20 +116,16 @@ def gpa_time_worker(length: int, methods: list[str], rounds: int) -> dict:
     for method in methods:
         op, leaves = (rra_op if method.startswith("rra") else gpa_op)(method, length, "cpu", torch.float32)
 
-        def step(op=op, leaves=leaves) -> float:
-            start = time.perf_counter()
+        def step(op=op, leaves=leaves) -> None:
             op().sum().backward()
             for leaf in leaves:
                 leaf.grad = None
-            return (time.perf_counter() - start) * 1e3
 
-        step()  # warm-up
         steps[method] = step
-    times = {method: [] for method in methods}
-    for _ in range(rounds):
-        for method, step in steps.items():
-            times[method].append(step())
-    return {method: statistics.median(values) for method, values in times.items()}
+    times, errors = interleaved_times(steps, rounds)
+    if errors:
+        raise RuntimeError("; ".join(f"{method}: {error}" for method, error in errors.items()))
+    return {method: seconds * 1e3 for method, seconds in medians(times).items()}
 
 
 def gpa_cpu_sweep(
@@ -236,7 +217,11 @@ def main() -> None:
     parser.add_argument("--sequential-max", type=int, default=1024, help="longest L for the Python loop")
     parser.add_argument("--cuda-gpa-lengths", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--cuda-rra-lengths", type=int, nargs="+", default=[4096, 16384, 65536])
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, 2 rounds, prints only")
     args = parser.parse_args()
+    if args.quick:
+        args.gpa_lengths, args.rra_lengths, args.gpa_rounds, args.rra_rounds = [64, 128], [64, 128], 2, 2
+        args.cuda_gpa_lengths, args.cuda_rra_lengths = [256], [256]
     if args.worker:
         spec = json.loads(args.worker)
         print(json.dumps(gpa_time_worker(*spec[1:]) if spec[0] == "gpa-time" else worker(*spec)))
@@ -244,7 +229,6 @@ def main() -> None:
 
     import torch
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
     cpu_gpa = gpa_cpu_sweep(args.gpa_lengths, args.gpa_rounds, args.gpa_naive_max)
     cpu_rra = gpa_cpu_sweep(args.rra_lengths, args.rra_rounds, args.sequential_max, RRA_CPU_METHODS, "rra-sequential")
     lines = [
@@ -262,8 +246,10 @@ def main() -> None:
         "CPU has no Triton fast path (the interpreter only checks correctness), so the kernel rows are GPU-only; "
         "`python benchmarks/bench_versor.py` on a CUDA machine writes them to versor_bench_cuda.md."
     )
-    (RESULTS / "versor_bench_cpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    if not args.quick:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "versor_bench_cpu.md").write_text("\n".join(lines) + "\n")
 
     if torch.cuda.is_available():
         lines = [f"# Versor benchmark ({torch.cuda.get_device_name()}, torch {torch.__version__})", ""]
@@ -272,8 +258,9 @@ def main() -> None:
             lines += table(rows, args.cuda_gpa_lengths, list(GPA_METHODS), f"GPA, forward + backward, {dtype}:")
         rows = sweep(RRA_METHODS, args.cuda_rra_lengths, "cuda", "float32", {"rra-sequential": 4096})
         lines += table(rows, args.cuda_rra_lengths, list(RRA_METHODS), "RRA, forward + backward, float32:")
-        (RESULTS / "versor_bench_cuda.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
+        if not args.quick:
+            (RESULTS / "versor_bench_cuda.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

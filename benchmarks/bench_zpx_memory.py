@@ -1,12 +1,12 @@
 """ZPX long-context memory and step-time benchmark (issue: ZPX foundation).
 
-1. Attention op, forward + backward, at L = 512 ... 4096: the seed-style materialised form
+1. Attention op, forward + backward, at L = 512 ... 4096: the materialised form of docs/design.md §3.3
    (kernel `naive`, [L, L, C] and [L, L, C, 3] tensors) vs the exact augmented-head-dim
-   SDPA form (kernel `cpu`). Each point runs in a fresh subprocess; peak memory is the
-   growth of the process's peak RSS over its RSS just before the op (CPU), or
-   `torch.cuda.max_memory_allocated` on CUDA.
+   SDPA form (kernel `cpu`). Each point runs in a fresh subprocess; peak memory and wall-clock
+   medians as every benchmark measures them (benchmarks/measure.py: the first call's peak RSS growth on
+   the CPU, `torch.cuda.max_memory_allocated` above the inputs on CUDA).
    At `--padded-lengths` (default 16384) the fast form with one left-padded key (a padding mask) against
-   none, one call each (time of that call): the padded path builds masks per query panel, never L x L,
+   none, one timed round each: the padded path builds masks per query panel, never L x L,
    so its peak stays within 2x. Written to zpx_memory_padded_<device>.md; `--padded-only` runs just these.
 2. One training step (forward + backward + AdamW) of `ZPXForCausalLM` vs `LlamaForCausalLM` of
    the same size, both on SDPA.
@@ -20,10 +20,9 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import time
 from pathlib import Path
 
-from measure import peak_rss_growth, rss_bytes, run_worker  # benchmarks/measure.py
+from measure import interleaved_times, medians, peak_memory, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -59,35 +58,14 @@ def attention_worker(
         )
         out.sum().backward()
 
-    # Peak memory of the first call, measured from just before it (a warm-up first would raise the
-    # process's peak RSS and hide the op's own peak); timing over the calls after it.
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        base = rss_bytes()
-    start = time.perf_counter()
-    step()
-    if device == "cuda":
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        peak = peak_rss_growth(base)
-    if repeats == 0:  # the first call's time only (long padded points)
-        return {"ms": (time.perf_counter() - start) * 1e3, "peak_mib": max(peak, 0) / 2**20}
-    start = time.perf_counter()
-    for _ in range(repeats):
-        step()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return {"ms": (time.perf_counter() - start) / repeats * 1e3, "peak_mib": max(peak, 0) / 2**20}
+    peak = peak_memory(step, device)  # before any timing: see benchmarks/measure.py
+    rounds = max(repeats, 1)  # repeats=0: one timed round (long padded points)
+    times, _ = interleaved_times({"op": step}, rounds=rounds, warmup=0, device=device)
+    return {"ms": medians(times)["op"] * 1e3, "peak_mib": peak / 2**20}
 
 
 def step_worker(device: str, length: int, batch: int) -> dict:
-    """Llama and ZPX steps alternate in one process (fair under background load); median ms."""
-    import statistics
-
+    """Llama and ZPX steps take turns in one process (fair under background load); median ms."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -103,29 +81,16 @@ def step_worker(device: str, length: int, batch: int) -> dict:
         models[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4))
     ids = torch.randint(3, 260, (batch, length), device=device)
 
-    def step(name: str) -> float:
-        model, optimizer = models[name]
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-        loss.backward()
+    def step(model, optimizer) -> None:
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return (time.perf_counter() - start) * 1e3
 
-    times: dict[str, list[float]] = {"llama": [], "zpx": []}
-    for repeat in range(12):
-        for name in ("llama", "zpx") if repeat % 2 == 0 else ("zpx", "llama"):
-            elapsed = step(name)
-            if repeat >= 2:  # first rounds are warm-up
-                times[name].append(elapsed)
-    return {
-        name: {"ms": statistics.median(values), "params": sum(p.numel() for p in models[name][0].parameters())}
-        for name, values in times.items()
-    }
+    runs = {name: (lambda pair=pair: step(*pair)) for name, pair in models.items()}
+    times, _ = interleaved_times(runs, rounds=10, warmup=2, device=device)
+    ms = medians(times)
+    params = {name: sum(p.numel() for p in model.parameters()) for name, (model, _) in models.items()}
+    return {name: {"ms": ms[name] * 1e3, "params": params[name]} for name in runs}
 
 
 def main() -> None:
@@ -139,6 +104,7 @@ def main() -> None:
     parser.add_argument("--channels", type=int, default=4)
     parser.add_argument("--step-length", type=int, default=256)
     parser.add_argument("--step-batch", type=int, default=8)
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, prints only")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -148,6 +114,9 @@ def main() -> None:
         print(json.dumps(result))
         return
 
+    if args.quick:
+        args.lengths, args.step_length, args.step_batch = [64, 128], 32, 2
+        args.padded_lengths = [256]
     padded_rows = []
     for length in args.padded_lengths:
         for path in ("sdpa", "sdpa-padded"):
@@ -170,6 +139,9 @@ def main() -> None:
     if "error" in steps:
         steps = {"llama": steps, "zpx": steps}
     print(steps, flush=True)
+
+    def cell(row: dict, key: str, fmt: str) -> str:
+        return format(row[key], fmt) if key in row else f"failed ({row.get('error', '?')[:40]})"
 
     stem = RESULTS / f"zpx_memory_{args.device}"
     write_csv(stem, rows)
@@ -203,8 +175,17 @@ def main() -> None:
             lines.append(f"| {name} | {result['params']:,} | {result['ms']:.1f} | {ratio:.2f}x |")
         else:
             lines.append(f"| {name} | - | failed ({result.get('error', '?')[:40]}) | - |")
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    if args.quick:
+        return
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS / f"zpx_memory_{args.device}"
+    with open(stem.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["L", "path", "ms", "peak_mib", "error"])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({key: row.get(key, "") for key in writer.fieldnames})
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
 def cell(row: dict, key: str, fmt: str) -> str:

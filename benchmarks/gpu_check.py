@@ -338,7 +338,7 @@ def report(checks: list[dict[str, Any]], bench: list[dict[str, Any]], meta: dict
         lines += [
             "",
             "Forward + backward, B=2, H=8, 64 features per head, causal, bf16 (RRA fp32); "
-            "`triton.testing.do_bench` median ms / peak MiB:",
+            "wall-clock median ms / peak MiB (benchmarks/measure.py):",
             "",
             "| path | " + " | ".join(f"L={n}" for n in lengths) + " |",
             "|---|" + "---:|" * len(lengths),

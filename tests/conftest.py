@@ -55,3 +55,29 @@ def make_tiny_config(case: str, **overrides):
 def tiny_config():
     """Factory fixture: `tiny_config("pct", tau="learnable")`."""
     return make_tiny_config
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """One intra-op thread for a module (`pytestmark = pytest.mark.usefixtures("single_thread")`): micro models
+    lose more to a second thread than they gain, and collapse on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def assert_close_eps(actual: torch.Tensor, expected: torch.Tensor, ulps: float = 64, dtype: torch.dtype | None = None):
+    """|actual - expected| <= ulps * eps(dtype) * max|expected|, elementwise.
+
+    For comparing two different algorithms (or summation orders) of one formula: their results differ by
+    rounding, which scales with the dtype's machine epsilon and the size of the values, and varies with the BLAS
+    build and the CPU. `dtype` defaults to the lower precision of the two tensors; `ulps` is the number of
+    roundings the bound allows, relative to the largest expected magnitude.
+    """
+    if dtype is None:
+        dtype = actual.dtype if torch.finfo(actual.dtype).eps >= torch.finfo(expected.dtype).eps else expected.dtype
+    expected = expected.to(actual.dtype)
+    scale = expected.abs().max().item() if expected.numel() else 0.0
+    tolerance = ulps * torch.finfo(dtype).eps * scale
+    torch.testing.assert_close(actual, expected, rtol=0, atol=tolerance)

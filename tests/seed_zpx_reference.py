@@ -1,4 +1,4 @@
-"""Independent transcription of the seed's ZPX layer (shared/seeds/000_*.txt), used only as a test oracle.
+"""Independent transcription of the source design's ZPX layer (docs/design.md §3.6), used only as a test oracle.
 
 Kept literal on purpose: materialised [B, L, L, C] / [B, L, L, C, 3] tensors, eps in the
 stereographic denominator, -1e9 masking - exactly as the design document writes it.

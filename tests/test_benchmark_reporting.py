@@ -22,6 +22,7 @@ def _load(name):
     return module
 
 
+measure = _load("measure")  # imported by ablation_runs
 update_readme = _load("update_readme")
 models = _load("ablation_models")
 report = _load("ablation_report")

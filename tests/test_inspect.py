@@ -327,7 +327,7 @@ def test_versor_pictures_plot_the_rotors_and_score_parts(accumulate, tmp_path):
     rotation = torch.zeros(len(BIVECTOR_MASKS), dtype=torch.bool)
     rotation[[i for i, mask in enumerate(BIVECTOR_MASKS) if not mask & 16]] = True
     boosts = bivectors * ~rotation
-    if accumulate == "compact":  # SPEC §8: rotations accumulated, the boost applied per token
+    if accumulate == "compact":  # docs/design.md §5.5: rotations accumulated, the boost applied per token
         expected_rotors = product_reference(bivectors * rotation, algebra)
         expected_applied = algebra.geometric_product(expected_rotors, rotor_exp(boosts))
     else:

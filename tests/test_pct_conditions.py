@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from zpx_hf import PCTConfig, PCTModel
-from zpx_hf.modeling_complex import complex_rotate
 from zpx_hf.ops_pct import pct_attention, pct_attention_weights
 
 
@@ -40,9 +39,11 @@ def randomise(model, seed=0):
     return model
 
 
-def unit_complex(angle, dim):
-    """Tables for z -> z e^{i angle} (every feature, every position) in `complex_rotate`'s layout."""
-    return torch.full((1, 1, dim), math.cos(angle)), torch.full((1, 1, dim), math.sin(angle))
+def rotate(z, angle):
+    """z e^{i angle} for every complex feature of `z` laid out [re | im] on the last dimension."""
+    re, im = z.chunk(2, dim=-1)
+    cos, sin = math.cos(angle), math.sin(angle)
+    return torch.cat((re * cos - im * sin, im * cos + re * sin), dim=-1)
 
 
 def to_complex(x):
@@ -60,7 +61,7 @@ def complex_weight(linear):
 
 
 def srpe_factor(positions, config):
-    """r_j(p) e^{i Theta_j(p)} from SPEC §1 in float64, one pair per complex feature (real head dim 2d)."""
+    """r_j(p) e^{i Theta_j(p)} from docs/design.md §2.1 in float64, one pair per complex feature (real head dim 2d)."""
     d = config.complex_head_dim
     omega = config.rope_theta ** (-2.0 * torch.arange(d, dtype=torch.float64) / (2 * d))
     base = positions.double()[..., None] * omega
@@ -70,7 +71,7 @@ def srpe_factor(positions, config):
 
 
 def attention_formula(attention, hidden, attention_mask, config):
-    """SPEC §3 transcribed with complex128 tensors."""
+    """docs/design.md §4.1 transcribed with complex128 tensors."""
     batch, length = hidden.shape[:2]
     heads, d = config.num_attention_heads, config.complex_head_dim
     z = to_complex(hidden)
@@ -212,13 +213,10 @@ def test_c4_value_rotation_rotates_the_output_and_global_qk_phase_is_invisible()
     mask[1, :2] = False
     out = pct_attention(q, k, v, tau, bias, key_padding_mask=mask)
     for angle in (0.3, 2.0, -1.1):
-        cos, sin = unit_complex(angle, d)
-        rotated = pct_attention(q, k, complex_rotate(v, cos, sin), tau, bias, key_padding_mask=mask)
-        torch.testing.assert_close(rotated, complex_rotate(out, cos, sin), rtol=0, atol=1e-5)
+        rotated = pct_attention(q, k, rotate(v, angle), tau, bias, key_padding_mask=mask)
+        torch.testing.assert_close(rotated, rotate(out, angle), rtol=0, atol=1e-5)
         gates = pct_attention_weights(q, k, tau, bias, key_padding_mask=mask)
-        spun = pct_attention_weights(
-            complex_rotate(q, cos, sin), complex_rotate(k, cos, sin), tau, bias, key_padding_mask=mask
-        )
+        spun = pct_attention_weights(rotate(q, angle), rotate(k, angle), tau, bias, key_padding_mask=mask)
         torch.testing.assert_close(spun, gates, rtol=0, atol=1e-6)
 
 

@@ -20,12 +20,7 @@ SMALL = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py
 
 
 @pytest.mark.parametrize("family", sorted(f for f in zpx_hf.FAMILIES if (ROOT / "configs" / f"{f}-tiny.yaml").exists()))

@@ -25,6 +25,9 @@ from zpx_hf.tokenization_bytes import build_byte_tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 
 
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py
+
+
 @pytest.fixture(scope="module")
 def base_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("base") / "zpx-micro"

@@ -40,6 +40,9 @@ with open(sys.argv[2], "w") as f:
 """
 
 
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("run") / "micro"

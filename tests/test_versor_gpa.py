@@ -60,7 +60,7 @@ def make_padding(batch, k_len, left=(), right=()):
 
 
 def gpa_direct(query, key, value, gamma, causal, padding=None, bivector=True, eps=1e-6):
-    """Per pair (i, j): P = sum_ch Q_i,ch ~K_j,ch with the full geometric product, then the SPEC formula.
+    """Per pair (i, j): P = sum_ch Q_i,ch ~K_j,ch with the full geometric product, then docs/design.md §5.4.
 
     Query i sits at position Lk - Lq + i; a row with no visible key outputs zeros."""
     algebra = conformal_algebra()

@@ -8,7 +8,7 @@ dimension holds the 2**n blade coefficients in mask order.
     e_A e_B = sign(A, B) e_{A xor B},
     sign(A, B) = (-1)^(#swaps to sort the generators of A then B) * prod_{i in A and B} e_i^2
 
-Matrix path (SPEC §4): Cl(4,1) is isomorphic, as a real algebra, to the 4x4 complex matrices with
+Matrix path (docs/design.md §5.2): Cl(4,1) is isomorphic, as a real algebra, to the 4x4 complex matrices with
 
     e1 = sx(x)I,  e2 = sy(x)I,  e3 = sz(x)sx,  e4 = sz(x)sy,  e5 = i sz(x)sz,
 
@@ -235,21 +235,12 @@ def _build_matrix_basis() -> torch.Tensor:
     return torch.stack((basis.real, basis.imag), dim=1)
 
 
-_MATRIX_BASIS = _build_matrix_basis()
+_MATRIX_BASIS = _build_matrix_basis()  # float64 on the CPU; read it through `matrix_basis`
 
 
-def _matrix_basis() -> torch.Tensor:
-    """E_A for every mask A as real/imag parts: float64 `[32, 2, 4, 4]`."""
-    return _MATRIX_BASIS
-
-
-def _basis(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return _matrix_basis().to(device=device, dtype=dtype)
-
-
-def matrix_basis(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """E_A for every blade A as real/imag parts `[32, 2, 4, 4]` on `device` in `dtype`."""
-    return _basis(device, dtype)
+def matrix_basis(device: torch.device = _CPU, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """E_A for every blade A as real/imag parts `[32, 2, 4, 4]` on `device` in `dtype` (float64 CPU: the table)."""
+    return _MATRIX_BASIS.to(device=device, dtype=dtype)
 
 
 def complex_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -261,12 +252,12 @@ def complex_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def to_matrix(a: torch.Tensor) -> torch.Tensor:
     """Encode Cl(4,1) multivectors `[..., 32]` as M = sum_A a_A E_A, `[..., 2, 4, 4]` (real, imag)."""
-    return torch.einsum("...a,aczw->...czw", a, _basis(a.device, a.dtype))
+    return torch.einsum("...a,aczw->...czw", a, matrix_basis(a.device, a.dtype))
 
 
 def from_matrix(m: torch.Tensor) -> torch.Tensor:
     """Decode a_A = Re Tr(M E_A^dagger) / 4 = sum_ij (Re M_ij Re E_Aij + Im M_ij Im E_Aij) / 4."""
-    return torch.einsum("...czw,aczw->...a", m, _basis(m.device, m.dtype)) / 4
+    return torch.einsum("...czw,aczw->...a", m, matrix_basis(m.device, m.dtype)) / 4
 
 
 def matrix_geometric_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -280,21 +271,17 @@ def _build_reverse_signs_matrix() -> torch.Tensor:
     # reverses products: it is the reversion anti-automorphism. C is a signed anti-diagonal
     # (C[i, 3 - i] = c_i, C^-1 = -C), so ~M[i, j] = -c_i c_{3-j} M[3 - j, 3 - i]: a transpose about the
     # anti-diagonal and a sign pattern, no products.
-    conjugator = _matrix_basis()[0b01010, 0]  # E_{e2 e4} is real
+    conjugator = matrix_basis()[0b01010, 0]  # E_{e2 e4} is real
     c = torch.stack([conjugator[i, 3 - i] for i in range(4)])
     return -c[:, None] * c.flip(0)[None, :]
 
 
-_REVERSE_SIGNS_MATRIX = _build_reverse_signs_matrix()
-
-
-def _reverse_signs_matrix() -> torch.Tensor:
-    return _REVERSE_SIGNS_MATRIX
+_REVERSE_SIGNS_MATRIX = _build_reverse_signs_matrix()  # read it through `reverse_signs_matrix`
 
 
 def reverse_signs_matrix(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """The signs S of ~M[i, j] = S[i, j] M[3 - j, 3 - i], `[4, 4]`."""
-    return _reverse_signs_matrix().to(device=device, dtype=dtype)
+    return _REVERSE_SIGNS_MATRIX.to(device=device, dtype=dtype)
 
 
 def matrix_reverse(m: torch.Tensor) -> torch.Tensor:
@@ -323,7 +310,7 @@ def rotor_exp_matrix(bivector: torch.Tensor) -> torch.Tensor:
     """
     dtype = torch.float64 if bivector.dtype == torch.float64 else torch.float32
     b = bivector.to(torch.float64)
-    basis = _basis(b.device, torch.float64)[list(BIVECTOR_MASKS)]  # [10, 2, 4, 4]
+    basis = matrix_basis(b.device, torch.float64)[list(BIVECTOR_MASKS)]  # [10, 2, 4, 4]
     generator = torch.einsum("...k,kczw->...czw", -0.5 * b, basis)
     real8 = torch.linalg.matrix_exp(_complex_to_real8(generator))
     return torch.stack((real8[..., :4, :4], real8[..., 4:, :4]), dim=-3).to(dtype)
@@ -355,7 +342,7 @@ def _build_spin4_tables() -> dict[str, torch.Tensor]:
     * `product [4, 4, 4]`: structure constants, (a b)_k = sum_ij product[i, j, k] a_i b_j.
     * `matrix [2, 4, 2, 4, 4]`: quaternion pair -> M4(C) real/imag parts; `multivector [2, 4, 32]`: -> blades.
     """
-    basis = _matrix_basis()
+    basis = matrix_basis()
     complex_basis = torch.complex(basis[:, 0], basis[:, 1])
     pseudoscalar = complex_basis[0b01111].diagonal().real
     blocks = (torch.nonzero(pseudoscalar > 0).flatten(), torch.nonzero(pseudoscalar < 0).flatten())
@@ -395,16 +382,13 @@ def _build_spin4_tables() -> dict[str, torch.Tensor]:
     }
 
 
-_SPIN4_TABLES = _build_spin4_tables()
-
-
-def _spin4_tables() -> dict[str, torch.Tensor]:
-    return _SPIN4_TABLES
+_SPIN4_TABLES = _build_spin4_tables()  # read them through `spin4_table`
 
 
 def spin4_table(name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """One of the `_spin4_tables()` constants on `device` in `dtype`."""
-    return _spin4_tables()[name].to(device=device, dtype=dtype)
+    """One of the `_build_spin4_tables` constants (`generator`, `product`, `matrix`, `multivector`) on `device`
+    in `dtype`."""
+    return _SPIN4_TABLES[name].to(device=device, dtype=dtype)
 
 
 def _cos_sinc(angle2: torch.Tensor, hyperbolic: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -424,7 +408,7 @@ def _cos_sinc(angle2: torch.Tensor, hyperbolic: bool) -> tuple[torch.Tensor, tor
 
 def rotation_rotor(rotation: torch.Tensor) -> torch.Tensor:
     """exp(-B/2) for rotation bivectors `[..., 6]` (coefficients of BIVECTOR_MASKS[ROTATION_INDICES]) as a
-    quaternion pair `[..., 2, 4]` (see `_spin4_tables`).
+    quaternion pair `[..., 2, 4]` (see `_build_spin4_tables`).
 
     On block s, -B/2 = w . (i s) with (w . i s)^2 = -|w|^2, so exp(-B/2) = cos|w| + sin|w| / |w| (w . i s):
     the two commuting halves B P+ and B P- of B each rotate by their own angle.
@@ -462,7 +446,7 @@ def spin4_to_multivector(pair: torch.Tensor) -> torch.Tensor:
 
 def boost_to_matrix(coefficients: torch.Tensor) -> torch.Tensor:
     """Boost-rotor coefficients `[..., 5]` (`BOOST_ROTOR_MASKS`) -> M4(C) matrix `[..., 2, 4, 4]`."""
-    basis = _basis(coefficients.device, coefficients.dtype)[list(BOOST_ROTOR_MASKS)]
+    basis = matrix_basis(coefficients.device, coefficients.dtype)[list(BOOST_ROTOR_MASKS)]
     return torch.einsum("...k,kczw->...czw", coefficients, basis)
 
 

@@ -118,7 +118,7 @@ class GeometricConfig(PretrainedConfig):
             a rotary encoding is used (rotation acts on pairs).
         max_position_embeddings: context length the model is trained for. Longer inputs raise unless
             `allow_longer_positions=True` (SRPE/RoPE tables are extended on demand then).
-        rotary: `"srpe"` (spiral rotary, SPEC §1), `"rope"` (plain RoPE) or `"none"`.
+        rotary: `"srpe"` (spiral rotary, docs/design.md §2), `"rope"` (plain RoPE) or `"none"`.
         rope_theta: base `theta0` of the rotary frequencies `omega_j = theta0 ** (-2j / d_h)`.
         srpe_k: spiral divisor `k_s`; the winding angle is `p * omega_j * (1 + 1/k_s)`. `None` means
             `1/k_s = 0` (no second winding). Must be > 2^-24 (k_s <= 0 cancels or reverses the rotation).

@@ -11,7 +11,7 @@ TAU_MODES = ("sqrt_d", "inv_sqrt_d", "learnable")
 
 
 class PCTConfig(GeometricConfig):
-    """Configuration of a PCT model (SPEC §3). Shared fields: see `GeometricConfig`.
+    """Configuration of a PCT model (docs/design.md §4). Shared fields: see `GeometricConfig`.
 
     Widths count real features, as for every HF model (PEFT, DeepSpeed "auto" settings and serving engines
     size tensors by `hidden_size`): the residual stream holds `hidden_size / 2` complex numbers stored as

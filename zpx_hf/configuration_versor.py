@@ -29,7 +29,7 @@ RRA_FULL_GROWTH_LIMIT = 2.5
 
 
 class VersorConfig(GeometricConfig):
-    """Configuration of a Versor model (SPEC §4). Shared fields: see `GeometricConfig`.
+    """Configuration of a Versor model (docs/design.md §5). Shared fields: see `GeometricConfig`.
 
     The hidden state is `hidden_size // 32` Cl(4,1) multivector channels; `head_dim` (default
     `hidden_size // num_attention_heads`) and `intermediate_size` must be multiples of 32 too.

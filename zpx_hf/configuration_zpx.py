@@ -10,7 +10,7 @@ _WHY = "Past the float16 maximum the score's weight is inf in a half-precision m
 
 
 class ZPXConfig(GeometricConfig):
-    """Configuration of a ZPX model (SPEC §2). Shared fields: see `GeometricConfig`.
+    """Configuration of a ZPX model (docs/design.md §3). Shared fields: see `GeometricConfig`.
 
     Args:
         phase_channels: phase channels `C` per head of the phase encoder.

@@ -92,8 +92,8 @@ def derived_weight(key: tuple, build: Callable[[], Any]) -> Any:
 
 def row_major_transpose(weights: list[torch.Tensor]) -> torch.Tensor:
     """[W_1; W_2; ...]^T [K, N_1 + N_2 + ...] stored row-major (one copy): for the few rows of a decoding step,
-    a CPU GEMM reads a row-major W^T 20-45% faster than the [N, K] weight `F.linear` passes it (the weights
-    do not fit in cache, so the matrix read is the step's cost)."""
+    a CPU GEMM mostly reads a row-major W^T faster than the [N, K] weight `F.linear` passes it (the weights
+    do not fit in cache, so the matrix read is the step's cost): benchmarks/results/bench_row_major.md."""
     return torch.cat([weight.t() for weight in weights], dim=1)
 
 

@@ -11,7 +11,6 @@ avoided on purpose: they break bf16, autocast, SDPA and `torch.compile`.
 * `ComplexRMSNorm`     z * w / sqrt(mean_m |z_m|^2 + eps), real gain w: rescales, keeps phases.
 * `ModReLU`            relu(|z| + b) z / |z|: a phase-preserving nonlinearity (`mod_relu`: closed-form
                        backward; `mod_relu_naive`: the same formula through autograd, the reference).
-* `complex_rotate`     z * r e^{i Theta} per complex feature (complex-native RoPE/SRPE).
 """
 
 from __future__ import annotations
@@ -34,24 +33,6 @@ def complex_pairs(z: torch.Tensor) -> torch.Tensor:
     """[..., 2n] -> the view [..., 2, n] (row 0 re, row 1 im): reshapes instead of slices, whose backward
     would zero-fill a full-size gradient per slice."""
     return z.unflatten(-1, (2, -1))
-
-
-def complex_abs2(z: torch.Tensor) -> torch.Tensor:
-    """|z_m|^2 = re_m^2 + im_m^2, [..., n]."""
-    return complex_pairs(z.square()).sum(-2)
-
-
-def complex_rotate(z: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """z_m * (cos_m + i sin_m): with SRPE tables cos = r cos Theta, sin = r sin Theta this is z r e^{i Theta}.
-
-    `z` is [B, H, L, 2d] ([re | im] per head); `cos`, `sin` are [B, L, d] (broadcast over heads).
-    """
-    cos = cos.unsqueeze(1).unsqueeze(-2).to(z.dtype)  # [B, 1, L, 1, d]
-    sin = sin.unsqueeze(1).to(z.dtype)
-    signed_sin = torch.stack((-sin, sin), dim=-2)  # [B, 1, L, 2, d]
-    pairs = complex_pairs(z)
-    # [re, im] cos + [im, re] [-sin, sin] = [re cos - im sin, im cos + re sin]
-    return (pairs * cos + pairs.flip(-2) * signed_sin).flatten(-2)
 
 
 GAUSS_MIN_ROWS = 64  # from this many input rows (float32/64), three GEMMs beat the block weight's four
@@ -132,7 +113,7 @@ def _complex_bias(layers: tuple[ComplexLinear, ...]) -> torch.Tensor | None:
 
 def _stacked_weights(layers: tuple[ComplexLinear, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """([A_1; A_2; ...; B_1; B_2; ...]^T [n, 2N], mix [[1, 0, 0, -1], [0, 1, 1, 0]]) for `complex_matmul_stacked`.
-    The transpose is stored row-major (`row_major_transpose`): the GEMM reads it ~1.7x faster."""
+    The transpose is stored row-major (`row_major_transpose`, which says why)."""
     weight_t = row_major_transpose([m.real.weight for m in layers] + [m.imag.weight for m in layers])
     mix = torch.tensor([[1.0, 0.0, 0.0, -1.0], [0.0, 1.0, 1.0, 0.0]], dtype=dtype, device=weight_t.device)
     return weight_t, mix
@@ -325,8 +306,6 @@ __all__ = [
     "ModReLU",
     "mod_relu",
     "mod_relu_naive",
-    "complex_abs2",
     "complex_pairs",
     "complex_parts",
-    "complex_rotate",
 ]

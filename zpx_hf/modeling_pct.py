@@ -1,4 +1,4 @@
-"""PCT models: complex Phase-Coherent Transformer with non-competitive sigmoid attention (SPEC §3).
+"""PCT models: complex Phase-Coherent Transformer with non-competitive sigmoid attention (docs/design.md §4).
 
 Complex hidden states throughout, stored as real `[re | im]` tensors (see `modeling_complex.py`):
 `hidden_states` and `last_hidden_state` are [B, L, hidden_size] (`hidden_size` counts real features).

@@ -1,4 +1,4 @@
-"""Versor models: a multivector transformer over Cl(4,1) (SPEC §4).
+"""Versor models: a multivector transformer over Cl(4,1) (docs/design.md §5).
 
 The residual stream holds C multivector channels per token (`hidden_size = 32 C`), flat `[B, L, 32 C]`
 between blocks and viewed as `[B, L, C, 32]` inside them. Blocks are the shared pre-norm ones of

@@ -102,7 +102,7 @@ def pad_content_only_keys(cache: Cache, layer_idx: int, width: int) -> None:
 
 
 class ZPXPhaseEncoder(nn.Module):
-    """Vector phase per head and channel from the layer input (names follow the seed)."""
+    """Vector phase per head and channel from the layer input (names follow the source design, docs/design.md §3.1)."""
 
     def __init__(self, config: ZPXConfig) -> None:
         super().__init__()

@@ -1,4 +1,4 @@
-"""Geometric product attention (GPA, SPEC §4): the one entry point, its checks, dispatch and shared tables.
+"""Geometric product attention (GPA, docs/design.md §5.4): the one entry point, its checks, dispatch and shared tables.
 
     S_ij = ( <Q_i ~K_j>_0 + gamma_h * sqrt(sum_C <Q_i ~K_j>_C^2 + eps) ) * scaling,   C over the 10 bivectors
     out_i = sum_j softmax_j(S_ij) V_j              (bivector=False: S_ij = <Q_i ~K_j>_0 * scaling)

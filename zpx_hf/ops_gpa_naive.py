@@ -1,4 +1,4 @@
-"""Geometric product attention (GPA, SPEC §4) as written: the readable formula, O(L^2) memory.
+"""Geometric product attention (GPA, docs/design.md §5.4) as written: the readable formula, O(L^2) memory.
 
 Query, key and value of one head are `c` Cl(4,1) multivectors flattened to `[B, H, L, D]`, `D = 32 c`,
 column `ch * 32 + blade mask`. With P_ij = sum_ch Q_i,ch ~K_j,ch:

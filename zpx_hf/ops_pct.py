@@ -1,4 +1,4 @@
-"""PCT sigmoid attention (SPEC §3, §5): the one entry point, its input checks and the kernel choice.
+"""PCT sigmoid attention (docs/design.md §4, §6): the one entry point, its input checks and the kernel choice.
 
     a_ij = sigmoid(tau_h q_i.k_j + b_h) on visible pairs (else 0),   out_i = sum_j a_ij v_j
 

@@ -1,4 +1,5 @@
-"""PCT sigmoid attention, the readable formula (kernel `naive`, SPEC §3): every gate materialised, plain autograd.
+"""PCT sigmoid attention, the readable formula (kernel `naive`, docs/design.md §4.1): every gate materialised,
+plain autograd.
 
 After the complex L2 normalisation and rotation (done by the model), a PCT head is real sigmoid
 attention on the real head dim D = 2d, with q, k, v laid out [re | im]:

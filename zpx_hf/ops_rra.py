@@ -1,4 +1,4 @@
-"""Recursive rotor accumulator (RRA, SPEC §4 and §8): the one entry point, its checks, dispatch and shared pieces.
+"""Recursive rotor accumulator (RRA, docs/design.md §5.5): the one entry point, its checks, dispatch and shared pieces.
 
 Per token t and head, a bivector B_t gives the rotor dR_t = exp(-B_t/2); the state is the prefix product
 

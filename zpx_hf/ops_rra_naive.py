@@ -1,10 +1,10 @@
-"""Recursive rotor accumulator, the readable reference (SPEC §4): one token at a time (kernel "naive").
+"""Recursive rotor accumulator, the readable reference (docs/design.md §5.5): one token at a time (kernel "naive").
 
     dR_t = exp(-B_t/2)                  matrix exponential in M4(C) (`rotor_exp_matrix`)
     R_t  = R_{t-1} dR_t                 R_{-1} = `initial`, else 1; R_{t-1} = 1 where a new document starts
     y_t  = T_t v_t ~T_t                 per value channel, grade-preserving
 
-with T_t = R_t for `accumulate="full"`, and for `"compact"` (SPEC §8) R_t accumulating only the 6 rotation
+with T_t = R_t for `accumulate="full"`, and for `"compact"` (docs/design.md §5.5) R_t accumulating only the 6 rotation
 bivectors while the 4 boosts A_t act per token: T_t = R_t exp(-A_t/2). The state is re-projected onto the
 group every `RENORM_EVERY` steps and on return (straight-through: `ops_rra.project`).
 """

@@ -1,4 +1,4 @@
-"""ZPX angle-sphere attention (SPEC §2): the phase coordinates and the one entry point of the attention op.
+"""ZPX angle-sphere attention (docs/design.md §3): the phase coordinates and the one entry point of the attention op.
 
 Phase encoder output per head and channel c (pre-activations come from `to_log_r`, `to_theta`, `to_b`):
 

@@ -1,6 +1,6 @@
 """ZPX angle-sphere attention, the readable reference (kernel `naive`, `attn_implementation="eager"`).
 
-The score formula of SPEC §2 term by term:
+The score formula of docs/design.md §3.2 term by term:
 
     S_ij = q_i.k_j / sqrt(d) + la mean_c cos(phi_ic - phi_jc) + ls mean_c <s_ic, s_jc>
 

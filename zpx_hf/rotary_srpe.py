@@ -1,4 +1,4 @@
-"""Rotary positions shared by every family: SRPE (spiral rotary, SPEC §1), plain RoPE, or none.
+"""Rotary positions shared by every family: SRPE (spiral rotary, docs/design.md §2), plain RoPE, or none.
 
 For head dim `d_h`, pair index `j in [0, d_h/2)` and position `p`:
 
