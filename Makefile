@@ -41,7 +41,7 @@ test-hf: setup
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -ra tests/test_hf_common.py
 
 # The checks CI runs (.ci/run) and the pre-commit hooks run: lint, then formatting.
-RUFF_PATHS := zpx_hf training tests benchmarks
+RUFF_PATHS := zpx_hf zpx_hf_train tests benchmarks
 lint: setup
 	$(VENV)/bin/ruff check $(RUFF_PATHS)
 

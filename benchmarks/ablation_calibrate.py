@@ -179,7 +179,7 @@ def probe_spec(task: str, budget: TaskBudget, model: dict[str, int], eval_exampl
 def run_trial(name: str, seed: int, probe_every: int, target: float, eval_examples: int) -> dict[str, Any]:
     """Train the baseline on one setting; accuracy on `eval_examples` held-out examples every `probe_every`
     steps; stop once two consecutive probes reach `target`."""
-    from zpx_hf.evaluation import task_accuracy
+    from zpx_hf_train.evaluation import task_accuracy
 
     task, budget, overrides, why = TRIALS[name]
     model_shape = {**MODEL, **overrides}

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from zpx_hf.metrics import aggregate_runs, format_mean_std
+from zpx_hf_train.metrics import aggregate_runs, format_mean_std
 
 VARIANT_LABELS = {
     "baseline": "softmax + RoPE (baseline)",

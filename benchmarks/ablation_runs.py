@@ -1,6 +1,6 @@
 """One ablation run: task data, the training loop and the task's evaluation, for one (variant, task, seed).
 
-Token tasks draw fresh examples every step from `zpx_hf.data_tasks` / `zpx_hf.data_geometry` (training
+Token tasks draw fresh examples every step from `zpx_hf_train.data_tasks` / `zpx_hf_train.data_geometry` (training
 seeds never meet the fixed evaluation seed), so a run is a sample of the task distribution, not a fixed
 training set. Optimiser: AdamW, linear warm-up, then a constant learning rate, gradient clipping 1.0;
 with a constant rate a run of N steps is the first N steps of a longer one, which is what the calibration
@@ -93,8 +93,8 @@ def io_shape(task: str, budget: TaskBudget, spec: SizeSpec) -> dict[str, int]:
 
 def lm_examples(task: str, num: int, seed: int, params: dict[str, Any], length: int | None = None) -> list[dict]:
     """`num` examples of a token task from the package's generators (unpadded length = `task_seq_len`)."""
-    from zpx_hf.data_geometry import spiral_examples
-    from zpx_hf.data_tasks import mqar_examples, passkey_examples, selective_copy_examples
+    from zpx_hf_train.data_geometry import spiral_examples
+    from zpx_hf_train.data_tasks import mqar_examples, passkey_examples, selective_copy_examples
 
     if task == "mqar":
         return mqar_examples(num, seed, **params)
@@ -115,7 +115,7 @@ def as_batch(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 
 
 class Rows:
-    """The slicing/len protocol of `zpx_hf.evaluation` over a list of example dicts (no `datasets` copy)."""
+    """The slicing/len protocol of `zpx_hf_train.evaluation` over a list of example dicts (no `datasets` copy)."""
 
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows = rows
@@ -205,7 +205,7 @@ def lm_loss_fn(model: torch.nn.Module, task: str, budget: TaskBudget, seed: int,
 
 
 def text_blocks(params: dict[str, Any], heldout: bool) -> list[list[int]]:
-    from zpx_hf.data_tasks import pack_documents, pydoc_documents, split_documents
+    from zpx_hf_train.data_tasks import pack_documents, pydoc_documents, split_documents
 
     train_docs, heldout_docs = split_documents(pydoc_documents(), 0.1, seed=0)
     if heldout:
@@ -215,7 +215,7 @@ def text_blocks(params: dict[str, Any], heldout: bool) -> list[list[int]]:
 
 def evaluate_lm(model: torch.nn.Module, task: str, spec: SizeSpec, budget: TaskBudget) -> dict[str, float]:
     """Answer accuracy (token and exact match); passkey at every evaluated length; text: perplexity/byte."""
-    from zpx_hf.evaluation import perplexity, task_accuracy
+    from zpx_hf_train.evaluation import perplexity, task_accuracy
 
     if task == "text":
         rows = [{"input_ids": b, "attention_mask": [1] * len(b), "labels": b} for b in text_blocks(budget.params, True)]
@@ -237,16 +237,16 @@ def evaluate_lm(model: torch.nn.Module, task: str, spec: SizeSpec, budget: TaskB
 
 def nbody_data(params: dict[str, Any], seed: int, num: int) -> dict[str, np.ndarray]:
     """Trajectories of the protocol: `length - 1` Verlet steps after the initial state (velocity Verlet,
-    G = 1, dt = 0.01, walls at +-2; `zpx_hf.data_geometry` defaults)."""
-    from zpx_hf.data_geometry import nbody_trajectories
+    G = 1, dt = 0.01, walls at +-2; `zpx_hf_train.data_geometry` defaults)."""
+    from zpx_hf_train.data_geometry import nbody_trajectories
 
     return nbody_trajectories(num, seed, params["train_length"] - 1, n_bodies=NBODY["bodies"], dim=NBODY["dim"])
 
 
 def nbody_reference(params: dict[str, Any]) -> dict[str, float]:
     """Constant-velocity extrapolation and the simulator's own energy drift on the evaluation trajectories."""
-    from zpx_hf.data_geometry import NBODY_DT, nbody_energy, split_state
-    from zpx_hf.metrics import relative_energy_drift, rollout_mse
+    from zpx_hf_train.data_geometry import NBODY_DT, nbody_energy, split_state
+    from zpx_hf_train.metrics import relative_energy_drift, rollout_mse
 
     data = nbody_data(params, EVAL_SEED, params["eval_trajectories"])
     x, v = split_state(data["states"].astype(np.float64), NBODY["bodies"], NBODY["dim"])
@@ -266,8 +266,8 @@ def nbody_reference(params: dict[str, Any]) -> dict[str, float]:
 def run_nbody(model: Any, budget: TaskBudget, seed: int, device: str, seconds: float | None) -> dict[str, Any]:
     """Teacher-forced training on windows of the training trajectories (normalised states -> normalised
     next-state deltas), then a `rollout`-step autoregressive rollout from `context` true states."""
-    from zpx_hf.data_geometry import nbody_energy, split_state
-    from zpx_hf.metrics import relative_energy_drift, rollout_mse
+    from zpx_hf_train.data_geometry import nbody_energy, split_state
+    from zpx_hf_train.metrics import relative_energy_drift, rollout_mse
 
     params = budget.params
     window = params["context"] + params["rollout"]

@@ -15,8 +15,8 @@ import platform
 import time
 from pathlib import Path
 
-from zpx_hf.data_tasks import pack_documents
 from zpx_hf.tokenization_bytes import text_to_ids
+from zpx_hf_train.data_tasks import pack_documents
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SENTENCE = "The quick brown fox jumps over the lazy dog; "

@@ -53,8 +53,16 @@ def attention_worker(
         features = phase_key_features(phase_coordinates(*pre, 4.0))
         key_aug = torch.cat((k, features), -1)
         out, _ = zpx_attention(
-            q, key_aug, v, features, padding, causal=True, scaling=head_dim**-0.5, lambda_angle=1.0,
-            lambda_sphere=1.0, kernel=kernel,
+            q,
+            key_aug,
+            v,
+            features,
+            padding,
+            causal=True,
+            scaling=head_dim**-0.5,
+            lambda_angle=1.0,
+            lambda_sphere=1.0,
+            kernel=kernel,
         )
         out.sum().backward()
 

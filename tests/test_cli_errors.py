@@ -1,4 +1,4 @@
-"""The CLI error boundary (`training.cli.guarded`): an error the user can fix is one line on stderr and exit 2
+"""The CLI error boundary (`zpx_hf_train.cli.guarded`): an error the user can fix is one line on stderr and exit 2
 (interrupted: 130), never a traceback; `--help` is short and exits 0; the YAML loader is bounded."""
 
 import errno
@@ -13,12 +13,12 @@ import torch
 import yaml
 from transformers import TrainerCallback, TrainingArguments
 
-from training.cli import guarded
-from training.config import ConfigError, read_yaml
-from training.finetune_lora import main as finetune_main
-from training.main_job import main as zpx_main
-from training.train import load_run_config, run_training
-from training.train import main as train_main
+from zpx_hf_train.cli import guarded
+from zpx_hf_train.config import ConfigError, read_yaml
+from zpx_hf_train.finetune_lora import main as finetune_main
+from zpx_hf_train.main_job import main as zpx_main
+from zpx_hf_train.train import load_run_config, run_training
+from zpx_hf_train.train import main as train_main
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = ROOT / "configs" / "test-micro.yaml"
@@ -326,7 +326,7 @@ def test_a_yaml_error_inside_a_job_config_names_the_line(tmp_path, capsys):
 
 
 def test_enospc_and_network_messages_name_the_fix():
-    from training.cli import expected_error
+    from zpx_hf_train.cli import expected_error
 
     kind, line = expected_error(ConnectionError("Max retries exceeded with url: /api/models"))
     assert kind == "network error" and line.endswith("check the network and your login (HF_TOKEN or `hf auth login`).")
@@ -342,7 +342,7 @@ def test_safetensors_errors_say_truncated_or_disk_full(tmp_path):
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import save_file
 
-    from training.cli import expected_error
+    from zpx_hf_train.cli import expected_error
 
     weights = tmp_path / "model.safetensors"
     save_file({"w": torch.zeros(64)}, str(weights))

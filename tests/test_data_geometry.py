@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from zpx_hf.data_geometry import (
+from zpx_hf.tokenization_bytes import BOS_ID, BYTE_OFFSET, text_to_ids
+from zpx_hf_train.data_geometry import (
     NBODY_SOFTENING,
     nbody_accelerations,
     nbody_energy,
@@ -17,8 +18,7 @@ from zpx_hf.data_geometry import (
     split_state,
     state_vector,
 )
-from zpx_hf.evaluation import task_accuracy
-from zpx_hf.tokenization_bytes import BOS_ID, BYTE_OFFSET, text_to_ids
+from zpx_hf_train.evaluation import task_accuracy
 
 
 def test_nbody_deterministic_and_seed_dependent():

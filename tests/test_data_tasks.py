@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from zpx_hf.data_tasks import (
+from zpx_hf.tokenization_bytes import BOS_ID, BYTE_OFFSET, EOS_ID, PAD_ID, ids_to_text
+from zpx_hf_train.data_tasks import (
     IGNORE_INDEX,
     SEPARATOR,
     load_documents,
@@ -20,7 +21,6 @@ from zpx_hf.data_tasks import (
     task_examples,
     text_dataset,
 )
-from zpx_hf.tokenization_bytes import BOS_ID, BYTE_OFFSET, EOS_ID, PAD_ID, ids_to_text
 
 
 def _answers(example):

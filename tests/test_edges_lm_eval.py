@@ -1,7 +1,8 @@
 """lm-evaluation-harness on every family and a same-size Llama, offline, through the task shipped in
 `benchmarks/lm_eval_tasks/zpx_pydoc` (rolling log-likelihood of the ablation's held-out pydoc documents).
 
-lm-eval's bits per byte must equal `zpx_hf.evaluation.perplexity` (the ablation's text metric) on the same documents
+lm-eval's bits per byte must equal `zpx_hf_train.evaluation.perplexity` (the ablation's text metric)
+on the same documents
 written as [BOS, bytes...]: lm-eval scores every byte once after its own BOS prefix, so any log p(<s> | <s>) term
 (a tokenizer that prepends BOS itself) or any difference in how the likelihood is summed would show here."""
 
@@ -17,9 +18,9 @@ from helpers_llama import tiny_llama_config
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import zpx_hf  # noqa: F401
-from zpx_hf.data_tasks import pydoc_documents, split_documents
-from zpx_hf.evaluation import perplexity
 from zpx_hf.tokenization_bytes import BOS_ID, PAD_ID, VOCAB_SIZE, build_byte_tokenizer, text_to_ids
+from zpx_hf_train.data_tasks import pydoc_documents, split_documents
+from zpx_hf_train.evaluation import perplexity
 
 lm_eval = pytest.importorskip("lm_eval")
 from lm_eval.models.huggingface import HFLM  # noqa: E402

@@ -9,7 +9,10 @@ import pytest
 import torch
 from helpers_remote import run_remote_code
 
-from training.inspection import (
+from zpx_hf import PCTConfig, PCTForCausalLM, VersorConfig, VersorForCausalLM, ZPXConfig, ZPXForCausalLM
+from zpx_hf.clifford_algebra import BIVECTOR_MASKS, conformal_algebra, rotor_exp
+from zpx_hf.tokenization_bytes import VOCAB_SIZE, build_byte_tokenizer
+from zpx_hf_train.inspection import (
     SAMPLE_TEXT,
     attention_maps,
     circle_figure,
@@ -32,9 +35,6 @@ from training.inspection import (
     zpx_circle_points,
     zpx_sphere_points,
 )
-from zpx_hf import PCTConfig, PCTForCausalLM, VersorConfig, VersorForCausalLM, ZPXConfig, ZPXForCausalLM
-from zpx_hf.clifford_algebra import BIVECTOR_MASKS, conformal_algebra, rotor_exp
-from zpx_hf.tokenization_bytes import VOCAB_SIZE, build_byte_tokenizer
 
 
 def tiny_config(config_class, **fields):

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from zpx_hf.metrics import (
+from zpx_hf_train.metrics import (
     aggregate_runs,
     format_mean_std,
     mean_std,

@@ -5,9 +5,9 @@ import torch
 from conftest import make_tiny_config
 from transformers import AutoModelForCausalLM
 
-from training.data import DataArguments, build_datasets
-from zpx_hf.data_tasks import IGNORE_INDEX
 from zpx_hf.tokenization_bytes import BOS_ID, PAD_ID
+from zpx_hf_train.data import DataArguments, build_datasets
+from zpx_hf_train.data_tasks import IGNORE_INDEX
 
 
 def small_data(tmp_path, packing):

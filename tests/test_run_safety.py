@@ -22,12 +22,12 @@ from helpers_training import SMALL, StopAt, single_thread  # noqa: F401 - single
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from training.config import ConfigError
-from training.finetune_lora import load_finetune_config, run_finetune
-from training.report import write_report
-from training.run_folder import LOCK_FILE, RUN_MARKER, FolderLock, checkpoint_problem
-from training.train import load_run_config, main, run_training
-from training.trainer import TrainingDivergedError
+from zpx_hf_train.config import ConfigError
+from zpx_hf_train.finetune_lora import load_finetune_config, run_finetune
+from zpx_hf_train.report import write_report
+from zpx_hf_train.run_folder import LOCK_FILE, RUN_MARKER, FolderLock, checkpoint_problem
+from zpx_hf_train.train import load_run_config, main, run_training
+from zpx_hf_train.trainer import TrainingDivergedError
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = str(ROOT / "configs" / "test-micro.yaml")

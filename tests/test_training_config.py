@@ -9,10 +9,10 @@ import pytest
 import yaml
 from transformers import TrainingArguments
 
-from training.config import ConfigError, ModelArguments
-from training.data import DataArguments
-from training.train import load_run_config
-from training.train import main as train_main
+from zpx_hf_train.config import ConfigError, ModelArguments
+from zpx_hf_train.data import DataArguments
+from zpx_hf_train.train import load_run_config
+from zpx_hf_train.train import main as train_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,8 +45,8 @@ def test_shipped_configs_parse_and_build_their_model_config(name):
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*lora*.yaml")))
 def test_shipped_lora_configs_parse(name, tmp_path):
-    from training.finetune_lora import LoraArguments, load_finetune_config
     from zpx_hf import ZPXConfig
+    from zpx_hf_train.finetune_lora import LoraArguments, load_finetune_config
 
     ZPXConfig().save_pretrained(tmp_path)
     run = load_finetune_config(str(ROOT / "configs" / name), ["--base_model", str(tmp_path)])
@@ -128,7 +128,7 @@ def test_cli_fails_before_training_with_the_key_in_the_message(tmp_path):
     output_dir = tmp_path / "out"
     path = _write(tmp_path, _micro(**{"data.text_source": str(tmp_path / "missing.txt")}))
     result = subprocess.run(
-        [sys.executable, "-m", "training.train", path, "--output_dir", str(output_dir)],
+        [sys.executable, "-m", "zpx_hf_train.train", path, "--output_dir", str(output_dir)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -206,7 +206,7 @@ def test_a_fifo_as_text_source_is_refused_without_blocking(tmp_path):
 
 
 def test_a_csv_with_a_utf8_byte_order_mark_is_read(tmp_path, monkeypatch):
-    from zpx_hf.data_tasks import load_documents
+    from zpx_hf_train.data_tasks import load_documents
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     corpus = tmp_path / "excel.csv"

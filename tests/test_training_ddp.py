@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from training.config import ConfigError
-from training.distributed import configure_launch, state_dict_digest
+from zpx_hf_train.config import ConfigError
+from zpx_hf_train.distributed import configure_launch, state_dict_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE = Path(sys.executable).with_name("accelerate")
@@ -40,7 +40,7 @@ def _launch(config: str, output_dir: Path, *flags: str, timeout: int = 300) -> s
         *launcher,
         *("--config_file", str(ROOT / "configs" / "accelerate" / config)),
         *("--main_process_port", str(_free_port())),
-        *("-m", "training.train", str(ROOT / "configs" / "test-micro.yaml")),
+        *("-m", "zpx_hf_train.train", str(ROOT / "configs" / "test-micro.yaml")),
         *("--output_dir", str(output_dir), "--tasks", "mqar", "--eval_strategy", "no", *flags),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

@@ -7,9 +7,9 @@ import math
 import torch
 from transformers.modeling_outputs import CausalLMOutput
 
-from training.report import card_data, loss_points, render_model_card, write_report
-from zpx_hf.data_tasks import task_dataset, text_dataset
-from zpx_hf.evaluation import evaluate_model, perplexity, task_accuracy
+from zpx_hf_train.data_tasks import task_dataset, text_dataset
+from zpx_hf_train.evaluation import evaluate_model, perplexity, task_accuracy
+from zpx_hf_train.report import card_data, loss_points, render_model_card, write_report
 
 
 class Uniform(torch.nn.Module):

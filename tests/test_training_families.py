@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import zpx_hf
-from training.train import load_run_config, run_training
+from zpx_hf_train.train import load_run_config, run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,8 +42,8 @@ def test_family_tiny_config_trains_saves_and_reloads(family, tmp_path):
 
 @pytest.mark.parametrize("family", sorted(f for f in zpx_hf.FAMILIES if (ROOT / "configs" / f"{f}-tiny.yaml").exists()))
 def test_family_lora_default_targets_merge_exactly(family, tmp_path):
-    from training.finetune_lora import FinetuneArguments, LoraArguments, load_finetune_config, run_finetune
     from zpx_hf.integration_peft import LORA_TARGET_MODULES
+    from zpx_hf_train.finetune_lora import FinetuneArguments, LoraArguments, load_finetune_config, run_finetune
 
     base = tmp_path / "base"
     run_training(load_run_config(str(ROOT / "configs" / f"{family}-tiny.yaml"), [*SMALL, "--output_dir", str(base)]))

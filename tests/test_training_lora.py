@@ -12,15 +12,15 @@ from helpers_training import single_thread  # noqa: F401 - autouse fixture
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from training.config import ConfigError
-from training.finetune_lora import (
+from zpx_hf import ZPXConfig, ZPXForCausalLM
+from zpx_hf.tokenization_bytes import build_byte_tokenizer
+from zpx_hf_train.config import ConfigError
+from zpx_hf_train.finetune_lora import (
     FinetuneArguments,
     base_model_source,
     load_finetune_config,
     run_finetune,
 )
-from zpx_hf import ZPXConfig, ZPXForCausalLM
-from zpx_hf.tokenization_bytes import build_byte_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,9 +15,9 @@ import torch
 from helpers_training import StopAt, single_thread  # noqa: F401 - single_thread: autouse fixture
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
-from training.config import ConfigError
-from training.train import load_run_config, main, run_training
-from training.trainer import RUN_MARKER, TrainingDivergedError
+from zpx_hf_train.config import ConfigError
+from zpx_hf_train.train import load_run_config, main, run_training
+from zpx_hf_train.trainer import RUN_MARKER, TrainingDivergedError
 
 ROOT = Path(__file__).resolve().parents[1]
 

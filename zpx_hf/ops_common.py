@@ -126,9 +126,7 @@ def check_key_masks(
     return key_padding_mask, document_ids
 
 
-def decode_key_mask(
-    key_padding_mask: torch.Tensor | None, document_ids: torch.Tensor | None
-) -> torch.Tensor | None:
+def decode_key_mask(key_padding_mask: torch.Tensor | None, document_ids: torch.Tensor | None) -> torch.Tensor | None:
     """For one query (the last position): the keys it may see, [B, Lk] bool; documents fold into the key mask."""
     if document_ids is None:
         return key_padding_mask

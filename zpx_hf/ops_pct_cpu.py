@@ -101,9 +101,7 @@ class _PCTAttentionCPU(torch.autograd.Function):
             dbias = q.new_zeros(batch * heads)
             for block in query_panels(l_q, l_k, ctx.causal, PANEL_ROWS, document_ids):
                 start, end, lo, keys = block
-                gate = _panel_gates(
-                    q_scaled, k, bias_bh, block, l_k - l_q, ctx.causal, key_padding_mask, document_ids
-                )
+                gate = _panel_gates(q_scaled, k, bias_bh, block, l_k - l_q, ctx.causal, key_padding_mask, document_ids)
                 do_p = do[:, start:end]
                 dv[:, lo:keys].baddbmm_(gate.transpose(1, 2), do_p)
                 ds = torch.bmm(do_p, v[:, lo:keys].transpose(1, 2)).mul_(gate)  # dP a

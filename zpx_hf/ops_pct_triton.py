@@ -84,9 +84,7 @@ if HAS_TRITON:
             v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_mask, other=0.0)
             raw = tl.dot(q, tl.trans(k), input_precision=PRECISION)
             gate = tl.sigmoid(raw * tau + bias)
-            valid = _visible_tile(
-                offs_m, offs_n, b, KPM, s_kpm, DOC, s_doc, L_Q, L_K, OFFSET, CAUSAL, HAS_KPM, HAS_DOC
-            )
+            valid = _visible_tile(offs_m, offs_n, b, KPM, s_kpm, DOC, s_doc, L_Q, L_K, OFFSET, CAUSAL, HAS_KPM, HAS_DOC)
             gate = tl.where(valid, gate, 0.0)
             acc += tl.dot(gate.to(v.dtype), v, input_precision=PRECISION)
         tl.store(
@@ -132,9 +130,7 @@ if HAS_TRITON:
             do = tl.load(DO + q_ptrs, mask=q_mask, other=0.0)
             raw = tl.dot(q, tl.trans(k), input_precision=PRECISION)
             gate = tl.sigmoid(raw * tau + bias)
-            valid = _visible_tile(
-                offs_m, offs_n, b, KPM, s_kpm, DOC, s_doc, L_Q, L_K, OFFSET, CAUSAL, HAS_KPM, HAS_DOC
-            )
+            valid = _visible_tile(offs_m, offs_n, b, KPM, s_kpm, DOC, s_doc, L_Q, L_K, OFFSET, CAUSAL, HAS_KPM, HAS_DOC)
             gate = tl.where(valid, gate, 0.0)
             dv += tl.dot(tl.trans(gate.to(do.dtype)), do, input_precision=PRECISION)
             dgate = tl.dot(do, tl.trans(v), input_precision=PRECISION)
@@ -179,9 +175,7 @@ if HAS_TRITON:
             v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_mask, other=0.0)
             raw = tl.dot(q, tl.trans(k), input_precision=PRECISION)
             gate = tl.sigmoid(raw * tau + bias)
-            valid = _visible_tile(
-                offs_m, offs_n, b, KPM, s_kpm, DOC, s_doc, L_Q, L_K, OFFSET, CAUSAL, HAS_KPM, HAS_DOC
-            )
+            valid = _visible_tile(offs_m, offs_n, b, KPM, s_kpm, DOC, s_doc, L_Q, L_K, OFFSET, CAUSAL, HAS_KPM, HAS_DOC)
             gate = tl.where(valid, gate, 0.0)
             dgate = tl.dot(do, tl.trans(v), input_precision=PRECISION)
             ds = dgate * gate * (1.0 - gate)
@@ -257,8 +251,21 @@ if HAS_TRITON:
                 return (batch * heads, triton.cdiv(l_q, c["BLOCK_M"]))
 
             _pct_bwd_dq_kernel[grid_m](
-                q, k, v, do, dq, tau, bias, kpm, doc, dtau_part, dbias_part,
-                *common, dtau_part.stride(0), *sizes, **meta,  # fmt: skip
+                q,
+                k,
+                v,
+                do,
+                dq,
+                tau,
+                bias,
+                kpm,
+                doc,
+                dtau_part,
+                dbias_part,
+                *common,
+                dtau_part.stride(0),
+                *sizes,
+                **meta,  # fmt: skip
             )
             dtau = dtau_part.view(batch, heads, n_part).sum(dim=(0, 2))
             dbias = dbias_part.view(batch, heads, n_part).sum(dim=(0, 2))

@@ -12,7 +12,7 @@ def heldout_documents(**kwargs: Any) -> Any:
     """{"test": Dataset with one `text` per held-out pydoc document}; lm-eval passes the task metadata as kwargs."""
     from datasets import Dataset, DatasetDict
 
-    from zpx_hf.data_tasks import pydoc_documents, split_documents
+    from zpx_hf_train.data_tasks import pydoc_documents, split_documents
 
     _, heldout = split_documents(pydoc_documents(), HELDOUT_FRACTION, seed=SPLIT_SEED)
     return DatasetDict({"test": Dataset.from_dict({"text": list(heldout)})})

@@ -4,8 +4,8 @@ The card's metadata is a `huggingface_hub.ModelCardData` (license, tags, dataset
 `model-index` of the measured metrics), read back through `ModelCard` before it is written so malformed
 metadata fails here rather than on the Hub. The body comes from `model_cards/<name>.md` (`${field}`
 placeholders). Report and card embed the loss curve (train and eval loss) and the pictures that
-`training.inspection` lists in `inspection/index.json`. Nothing written names an absolute local path;
-every file is written atomically (`training.run_folder.atomic_write`).
+`zpx_hf_train.inspection` lists in `inspection/index.json`. Nothing written names an absolute local path;
+every file is written atomically (`zpx_hf_train.run_folder.atomic_write`).
 """
 
 from __future__ import annotations

@@ -44,8 +44,9 @@ from typing import Any
 
 import numpy as np
 
+from zpx_hf.tokenization_bytes import BOS_ID, BYTE_OFFSET, PAD_ID, text_to_ids
+
 from .data_tasks import IGNORE_INDEX
-from .tokenization_bytes import BOS_ID, BYTE_OFFSET, PAD_ID, text_to_ids
 
 NBODY_G = 1.0
 NBODY_DT = 0.01

@@ -16,7 +16,7 @@ PNGs and `index.json` ([{"file", "title"}]) into RUN_DIR/inspection/:
 
 Every figure is drawn from a data function (`zpx_circle_points`, `pct_gate_maps`, `rotor_geometry`, ...)
 that reads only the model's public outputs and methods, so a test can compare the plotted arrays with the
-model's own numbers. Run it as `zpx-inspect` or `python -m training.inspection`.
+model's own numbers. Run it as `zpx-inspect` or `python -m zpx_hf_train.inspection`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Train, evaluate and save any zpx-hf family from a YAML config with the HF `Trainer`.
 
-    zpx-train configs/zpx-tiny.yaml [--max_steps 100 --output_dir runs/x ...]     (or python -m training.train)
-    accelerate launch --config_file configs/accelerate/ddp_cpu.yaml -m training.train configs/zpx-tiny.yaml
+    zpx-train configs/zpx-tiny.yaml [--max_steps 100 --output_dir runs/x ...]     (or python -m zpx_hf_train.train)
+    accelerate launch --config_file configs/accelerate/ddp_cpu.yaml -m zpx_hf_train.train configs/zpx-tiny.yaml
     HF_TOKEN=... zpx-train configs/zpx-tiny.yaml --push_to_hub --hub_model_id you/zpx-tiny
 
 YAML layout: top-level `ModelArguments` (`model_type`, `attn_implementation`) and `RunArguments`
@@ -57,7 +57,7 @@ def config_name(path: str) -> str:
 
 
 def inspect_checkpoint(output_dir: str) -> None:
-    """Draw the checkpoint's geometry into `output_dir/inspection/` (`training.inspection`)."""
+    """Draw the checkpoint's geometry into `output_dir/inspection/` (`zpx_hf_train.inspection`)."""
     from .inspection import inspect_run
 
     inspect_run(output_dir)
@@ -66,7 +66,7 @@ def inspect_checkpoint(output_dir: str) -> None:
 def run_training(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
     """Train, save (model + code + tokenizer), evaluate, write report and card; push when asked.
 
-    Steps (`training.job`): open the run folder, build data and model, train and save, evaluate, report and
+    Steps (`zpx_hf_train.job`): open the run folder, build data and model, train and save, evaluate, report and
     card, publish. Returns `{"output_dir", "metrics", "train_metrics", "trainer", "model", "datasets"}`;
     `model` is the trained model on the main process (under FSDP: the saved checkpoint reloaded whole).
     """
@@ -105,7 +105,7 @@ def evaluate_trained(
     import torch
     from transformers import AutoModelForCausalLM, TrainingArguments
 
-    from zpx_hf.evaluation import evaluate_model
+    from zpx_hf_train.evaluation import evaluate_model
 
     data, training_args = run[DataArguments], run[TrainingArguments]
     output_dir = training_args.output_dir

@@ -1,7 +1,8 @@
 """LoRA fine-tuning of a saved zpx-hf checkpoint with PEFT and the HF `Trainer`.
 
     zpx-finetune-lora configs/zpx-tiny-lora.yaml [--base_model runs/zpx-tiny --max_steps 100 ...]
-    accelerate launch --config_file configs/accelerate/ddp_cpu.yaml -m training.finetune_lora configs/zpx-tiny-lora.yaml
+    accelerate launch --config_file configs/accelerate/ddp_cpu.yaml \
+        -m zpx_hf_train.finetune_lora configs/zpx-tiny-lora.yaml
 
 YAML layout: top-level `FinetuneArguments` (`base_model`, ...) and `RunArguments`, `lora:` (`LoraArguments`),
 `data:` and `training:` as in `zpx-train`. `base_model` is a local checkpoint folder; a model on the Hub is
@@ -208,13 +209,13 @@ def base_model_type(location: str) -> str | None:
 def run_finetune(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
     """LoRA-train, save the adapter, check and (optionally) save the merge, evaluate, write report and cards.
 
-    Steps (`training.job`): open the run folders (the adapter's and `merged_output_dir`, neither the base
+    Steps (`zpx_hf_train.job`): open the run folders (the adapter's and `merged_output_dir`, neither the base
     model's), load and evaluate the base, train and save the adapter, merge, evaluate, report and cards,
     publish. Returns `{"output_dir", "metrics", "base_metrics", "train_metrics", "trainer", "merged", "datasets"}`.
     """
     from transformers import TrainingArguments, set_seed
 
-    from zpx_hf.evaluation import evaluate_model
+    from zpx_hf_train.evaluation import evaluate_model
 
     args, lora, data = run[FinetuneArguments], run[LoraArguments], run[DataArguments]
     training_args = run[TrainingArguments]
@@ -268,7 +269,7 @@ def evaluate_and_merge(
     import torch
     from transformers import TrainingArguments
 
-    from zpx_hf.evaluation import evaluate_model
+    from zpx_hf_train.evaluation import evaluate_model
 
     args, training_args = run[FinetuneArguments], run[TrainingArguments]
     peft_model = trainer.model

@@ -32,7 +32,7 @@ import string
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .tokenization_bytes import BOS_ID, EOS_ID, PAD_ID, text_to_ids
+from zpx_hf.tokenization_bytes import BOS_ID, EOS_ID, PAD_ID, text_to_ids
 
 IGNORE_INDEX = -100
 KEY_CHARS = string.ascii_lowercase

@@ -1,6 +1,6 @@
 """The README's main job: train zpx-tiny on embedded data on the CPU, evaluate, draw, save, reload, generate.
 
-    zpx-main                                # configs/zpx-tiny.yaml -> runs/zpx-tiny (or python -m training.main_job)
+    zpx-main   # configs/zpx-tiny.yaml -> runs/zpx-tiny (or python -m zpx_hf_train.main_job)
     zpx-main --config configs/pct-tiny.yaml         # any family's config
     zpx-main --threads 2                            # torch intra-op threads (default 1)
     zpx-main --max_steps 50                         # extra flags go to zpx-train
@@ -8,7 +8,7 @@
 
 No network is used: the corpus is CPython's embedded docs, the tasks are generated in code, and the
 checkpoint is reloaded offline through `AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True)`
-from the copied modelling code. The run folder also gets the inspection pictures (`training.inspection`),
+from the copied modelling code. The run folder also gets the inspection pictures (`zpx_hf_train.inspection`),
 embedded in its report and model card. A second run into the same folder replaces the first
 (`--overwrite_output_dir true` is the job's default).
 
@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(own["--threads"]))
     from transformers.utils import logging
 
-    from zpx_hf.data_tasks import task_examples
     from zpx_hf.tokenization_bytes import build_byte_tokenizer, ids_to_text
+    from zpx_hf_train.data_tasks import task_examples
 
     from .report import metrics_table
 

@@ -1,6 +1,6 @@
 """The HF `Trainer` as the jobs use it: divergence stop, atomic final saves, marked checkpoints, CPU FSDP.
 
-The run folder itself (lock, marker, resume choice) is `training.run_folder`.
+The run folder itself (lock, marker, resume choice) is `zpx_hf_train.run_folder`.
 
 - `FiniteCheck` stops training at the first non-finite gradient or logged loss, naming the step
   (`Trainer` would otherwise log such a loss as a filtered average: 0.0 on the first steps).
@@ -8,7 +8,7 @@ The run folder itself (lock, marker, resume choice) is `training.run_folder`.
   leaves half a `model.safetensors` in the run folder), writes the run marker into every checkpoint (so a
   checkpoint copied elsewhere still names its run), writes the family's model card atomically and, for an FSDP
   launch on CPU, shards the model with `fully_shard` and saves one full safetensors state dict
-  (see `training/distributed.py`).
+  (see `zpx_hf_train/distributed.py`).
 """
 
 from __future__ import annotations
@@ -88,7 +88,9 @@ class GeometricTrainer(Trainer):
 
     card_text: str | None = None
     saved_digest: dict[str, Any] | None = None
-    run_marker: dict[str, Any] | None = None  # written into every checkpoint (`training.run_folder.RunFolder.marker`)
+    run_marker: dict[str, Any] | None = (
+        None  # written into every checkpoint (`zpx_hf_train.run_folder.RunFolder.marker`)
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.cpu_fsdp = cpu_fsdp_requested()

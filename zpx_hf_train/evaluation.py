@@ -3,7 +3,7 @@
 Perplexity is the token-weighted mean next-token cross-entropy of the LM head only (the ZPX
 centre-cancellation term is a regulariser, not part of the likelihood). Task accuracy counts an
 answer position t correct when `argmax logits[t-1] == input_ids[t]`; `exact_match` needs every
-answer token of an example right. Reports, plots and model cards are written by `training.report`.
+answer token of an example right. Reports, plots and model cards are written by `zpx_hf_train.report`.
 """
 
 from __future__ import annotations

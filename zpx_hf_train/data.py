@@ -1,7 +1,7 @@
 """The `data:` section: text corpus and synthetic tasks, checked up front and built into datasets.
 
 All task knowledge of the training jobs lives in `TASK_SPECS`: which `DataArguments` fields feed each
-task generator of `zpx_hf.data_tasks`, how many tokens an example needs, and which key to change when
+task generator of `zpx_hf_train.data_tasks`, how many tokens an example needs, and which key to change when
 it does not fit. Local text files are checked before any model is built (empty, not UTF-8, a CSV with a
 header only, a folder mixing file types), so a bad corpus fails with one line naming the file and the fix.
 """
@@ -110,10 +110,12 @@ MINIMUMS = {
 
 def validate_data_args(path: str, data: DataArguments) -> None:
     """Range, feasibility and local-file checks of the `data:` section (before any data is built)."""
-    from zpx_hf.data_tasks import TASKS, is_local_source, task_examples
+    from zpx_hf_train.data_tasks import TASKS, is_local_source, task_examples
 
     if set(TASK_SPECS) != set(TASKS):
-        raise RuntimeError(f"training.data.TASK_SPECS {sorted(TASK_SPECS)} != zpx_hf.data_tasks.TASKS {sorted(TASKS)}")
+        raise RuntimeError(
+            f"zpx_hf_train.data.TASK_SPECS {sorted(TASK_SPECS)} != zpx_hf_train.data_tasks.TASKS {sorted(TASKS)}"
+        )
     if data.text_source not in ("pydoc", "none") and is_local_source(data.text_source):
         check_local_source(path, data.text_source, data.text_column)
     for task in data.tasks:
@@ -153,7 +155,7 @@ def _data_files(folder: Path) -> list[Path]:
 
 def check_local_source(path: str, source: str, text_column: str) -> None:
     """A local corpus file or folder exists, is readable text and has rows; `ConfigError` naming the file if not."""
-    from zpx_hf.data_tasks import TEXT_FILE_BUILDERS
+    from zpx_hf_train.data_tasks import TEXT_FILE_BUILDERS
 
     where = f"{path}: key `data.text_source`"
     target = Path(os.path.expanduser(source))
@@ -220,7 +222,7 @@ def _check_file(where: str, file: Path, text_column: str) -> None:
 
 def load_text_documents(data: DataArguments) -> list[str]:
     """The corpus documents; a source that `datasets` cannot read becomes one `ConfigError` line."""
-    from zpx_hf.data_tasks import load_documents
+    from zpx_hf_train.data_tasks import load_documents
 
     try:
         documents = load_documents(
@@ -247,7 +249,7 @@ def source_name(source: str) -> str:
     """How a text source is named in cards and reports: never an absolute local path."""
     if source == "pydoc":
         return "CPython `pydoc_data.topics` (embedded)"
-    from zpx_hf.data_tasks import is_local_source
+    from zpx_hf_train.data_tasks import is_local_source
 
     return f"local `{Path(source).name}`" if is_local_source(source) else f"`{source}`"
 
@@ -257,7 +259,7 @@ def build_datasets(data: DataArguments) -> dict[str, Any]:
     `eval` (what `Trainer` evaluates: held-out text, else the task sets) and `description` (card lines)."""
     from datasets import concatenate_datasets
 
-    from zpx_hf.data_tasks import split_documents, task_dataset, text_dataset
+    from zpx_hf_train.data_tasks import split_documents, task_dataset, text_dataset
 
     parts, heldout, descriptions = [], None, []
     if data.text_source != "none":
@@ -311,8 +313,8 @@ def pack_rows(train: Any, seq_len: int) -> Any:
     from restarting positions only when nothing is padded)."""
     from datasets import Dataset
 
-    from zpx_hf.data_tasks import IGNORE_INDEX
     from zpx_hf.tokenization_bytes import BOS_ID, PAD_ID
+    from zpx_hf_train.data_tasks import IGNORE_INDEX
 
     rows: dict[str, list[list[int]]] = {"input_ids": [], "labels": [], "position_ids": [], "attention_mask": []}
     current: dict[str, list[int]] = {"input_ids": [], "labels": [], "position_ids": []}
@@ -347,7 +349,7 @@ def dataset_tags(data: DataArguments) -> list[str]:
     if data.text_source == "pydoc":
         tags.append("cpython-pydoc-topics")
     elif data.text_source != "none":
-        from zpx_hf.data_tasks import is_local_source
+        from zpx_hf_train.data_tasks import is_local_source
 
         tags.append(Path(data.text_source).name if is_local_source(data.text_source) else data.text_source)
     return tags + [f"synthetic-{task.replace('_', '-')}" for task in data.tasks]

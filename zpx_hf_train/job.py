@@ -1,10 +1,10 @@
 """The steps every training job takes, shared by `zpx-train` and `zpx-finetune-lora`:
 
-1. `open_run`: lock and check each folder the job writes (`training.run_folder.RunFolder`), choose the
+1. `open_run`: lock and check each folder the job writes (`zpx_hf_train.run_folder.RunFolder`), choose the
    checkpoint to resume, mark the folders as this run's.
 2. `train_and_save`: train (or, for a run a kill stopped after its last step, only finish it), then save the
    final model atomically.
-3. The job evaluates and writes its report (`training.report.write_report`) and cards (`write_card`).
+3. The job evaluates and writes its report (`zpx_hf_train.report.write_report`) and cards (`write_card`).
 4. `publish`: mark the folders finished, then push to the Hub when asked.
 """
 
