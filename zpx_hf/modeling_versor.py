@@ -40,7 +40,6 @@ from .modeling_common import (
     GeometricPreTrainedModel,
     attention_implementation,
 )
-from .ops_common import document_ids_from_cu_seq_lens, document_ids_from_position_ids
 from .ops_gpa import geometric_product_attention, gpa_with_weights
 from .ops_rra import recursive_rotor_accumulator
 
@@ -64,17 +63,6 @@ ALL_ATTENTION_FUNCTIONS = AttentionInterface()
 ALL_ATTENTION_FUNCTIONS["sdpa"] = gpa_sdpa
 # The rotor accumulator has no attention matrix; the same two names pick its kernel.
 RRA_KERNEL_BY_IMPLEMENTATION = {"eager": "naive", "sdpa": "auto"}
-
-
-def mixer_document_ids(
-    document_ids: torch.Tensor | None, position_embeddings: Any, padding_mask: torch.Tensor | None
-) -> torch.Tensor | None:
-    """The document ids a mixer uses: the backbone's `document_ids` when given; until the shared backbone
-    passes them, those `VersorModel.position_embeddings` derived from packed position ids, read as documents
-    only without a padding mask (left padding from `generate` restarts positions too)."""
-    if document_ids is not None:
-        return document_ids
-    return position_embeddings if padding_mask is None else None
 
 
 class VersorCache:
@@ -338,7 +326,6 @@ class VersorGPA(nn.Module):
         document_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
         batch, length = hidden_states.shape[:2]
-        document_ids = mixer_document_ids(document_ids, position_embeddings, padding_mask)
         query, key, value = self.project(hidden_states)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
@@ -399,7 +386,6 @@ class VersorRRA(nn.Module):
         document_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, None, None]:
         batch, length = hidden_states.shape[:2]
-        document_ids = mixer_document_ids(document_ids, position_embeddings, padding_mask)
         bivectors = self.bivectors(hidden_states)
         if padding_mask is not None:  # [B, past + L] -> this chunk's tokens
             bivectors = bivectors * padding_mask[:, -length:, None, None].to(bivectors.dtype)
@@ -491,33 +477,10 @@ class VersorModel(GeometricModel, VersorPreTrainedModel):
     def new_cache(self) -> VersorCache:
         return VersorCache(self.config)
 
-    def position_embeddings(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor | None:
-        """Versor has no positional encoding; its positions only tell packed documents apart: the document ids
-        of position ids that restart at 0 inside a row (None when none does). Read by `mixer_document_ids`
-        until the shared backbone passes `document_ids` itself."""
-        if torch.compiler.is_compiling() and position_ids.dim() == 2 and position_ids.shape[-1] > 1:
-            # no host read ("does any row restart?") in a compiled graph: the ids always (all 0 when unpacked)
-            restarts = (position_ids[:, 1:] == 0).long().cumsum(-1)
-            return torch.cat((torch.zeros_like(restarts[:, :1]), restarts), dim=-1)
-        return document_ids_from_position_ids(position_ids)
-
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, *args: Any, **kwargs: Any) -> Any:
-        """The shared backbone's forward; flash-attention's `cu_seq_lens_q`/`_k` (padding-free collators), when
-        given, set the documents: they win over `attention_mask` and `position_ids`."""
-        cu_seq_lens = kwargs.pop("cu_seq_lens_q", None)
-        cu_seq_lens = kwargs.pop("cu_seq_lens_k", None) if cu_seq_lens is None else cu_seq_lens
-        for name in ("cu_seq_lens_k", "max_length_q", "max_length_k"):
-            kwargs.pop(name, None)
-        if cu_seq_lens is not None:
-            tokens = input_ids if input_ids is not None else kwargs.get("inputs_embeds")
-            batch, length = tokens.shape[:2]
-            documents = document_ids_from_cu_seq_lens(cu_seq_lens.to(tokens.device), batch, length)
-            starts = torch.ones_like(documents, dtype=torch.bool)
-            starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
-            steps = torch.arange(length, device=tokens.device).expand(batch, length)
-            position_ids = steps - torch.where(starts, steps, 0).cummax(-1).values  # 0 at each document's start
-            attention_mask = None
-        return super().forward(input_ids, attention_mask, position_ids, *args, **kwargs)
+    def position_embeddings(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> None:
+        """Versor has no positional encoding (order enters through the causal mask and the rotor recursion);
+        packed documents reach the mixers as the backbone's `document_ids`."""
+        return None
 
     def check_cache(self, cache: Any) -> None:
         if cache is not None and not isinstance(cache, VersorCache):

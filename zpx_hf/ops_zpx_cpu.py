@@ -127,7 +127,13 @@ def zpx_attention_cpu(
         value = F.pad(value, (0, query_aug.shape[-1] - value_dim))
     if padding_mask is None and document_ids is None and (not causal or l_q == l_k):
         output = F.scaled_dot_product_attention(
-            query_aug, key_aug, value, dropout_p=dropout, is_causal=causal and l_q > 1, scale=1.0
+            # a Python bool: under torch.export `l_q > 1` is a SymBool, which SDPA refuses (dynamic dims are >= 2)
+            query_aug,
+            key_aug,
+            value,
+            dropout_p=dropout,
+            is_causal=bool(causal and l_q > 1),
+            scale=1.0,
         )
         return output[..., :value_dim].transpose(1, 2), None
     rows = max(16, min(PANEL_ROWS, MASK_ELEMENTS // max(1, batch * l_k)))
