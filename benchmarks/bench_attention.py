@@ -107,7 +107,7 @@ def make_step(path: str, length: int, device: str, dtype: Any, batch: int, heads
     elif path in ("gpa_reference", "gpa_chunked", "gpa_triton"):
         from zpx_hf.ops_gpa import geometric_product_attention
 
-        kernel = {"gpa_reference": "naive", "gpa_chunked": "chunked", "gpa_triton": "triton"}[path]
+        kernel = {"gpa_reference": "naive", "gpa_chunked": "cpu", "gpa_triton": "triton"}[path]
         q, k, v = (make(batch, heads, length, d, scale=0.5) for _ in range(3))
         gamma = torch.full((heads,), 0.1, device=device, requires_grad=True)
 

@@ -17,7 +17,7 @@ import torch
 from conftest import make_tiny_config
 
 import zpx_hf
-from zpx_hf import ops_gpa_chunked, ops_pct_cpu
+from zpx_hf import ops_gpa_cpu, ops_pct_cpu
 
 CASES = ("zpx", "pct", "versor-rra", "versor-gpa", "versor-hybrid")
 RUNS = [pytest.param(case, "sdpa", id=f"{case}-sdpa") for case in CASES]
@@ -53,8 +53,8 @@ def assert_close_ulps(actual: torch.Tensor, expected: torch.Tensor, name: str) -
 @pytest.mark.parametrize(("case", "implementation"), RUNS)
 def test_training_step_compiles_to_one_graph_and_matches_eager(case: str, implementation: str, monkeypatch) -> None:
     monkeypatch.setattr(ops_pct_cpu, "PANEL_ROWS", 4)
-    monkeypatch.setattr(ops_gpa_chunked, "PANEL", 4)
-    monkeypatch.setattr(ops_gpa_chunked, "BLOCK", 4)
+    monkeypatch.setattr(ops_gpa_cpu, "PANEL", 4)
+    monkeypatch.setattr(ops_gpa_cpu, "BLOCK", 4)
     torch._dynamo.reset()
     torch.manual_seed(0)
     config = make_tiny_config(case)

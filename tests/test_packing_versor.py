@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import TINY_VOCAB, make_tiny_config
 
-from zpx_hf import VersorConfig, VersorForCausalLM, ops_gpa_chunked
+from zpx_hf import VersorConfig, VersorForCausalLM, ops_gpa_cpu
 from zpx_hf.clifford_algebra import BOOST_INDICES, rotor_exp
 from zpx_hf.modeling_blocks import CACHE_FIELD
 from zpx_hf.ops_gpa import HAS_TRITON, LEGACY_GPA_KERNELS, geometric_product_attention
@@ -80,8 +80,8 @@ def gpa_packed_and_alone(kernel, dtype, causal, bivector=True):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Panels and key blocks smaller than a document: block skipping and per-block document masks run."""
-    monkeypatch.setattr(ops_gpa_chunked, "PANEL", 4)
-    monkeypatch.setattr(ops_gpa_chunked, "BLOCK", 4)
+    monkeypatch.setattr(ops_gpa_cpu, "PANEL", 4)
+    monkeypatch.setattr(ops_gpa_cpu, "BLOCK", 4)
 
 
 NAMES = ("output", "d query", "d key", "d value", "d gamma")

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from zpx_hf import ops_gpa_chunked
+from zpx_hf import ops_gpa_cpu
 from zpx_hf.clifford_algebra import conformal_algebra
 from zpx_hf.ops_gpa import (
     GPA_KERNELS,
@@ -28,7 +28,7 @@ def gpa_naive(*args, **kwargs):
     return geometric_product_attention(*args, kernel="naive", **kwargs)
 
 
-def gpa_chunked(*args, **kwargs):
+def gpa_cpu(*args, **kwargs):
     return geometric_product_attention(*args, kernel="cpu", **kwargs)
 
 
@@ -101,8 +101,8 @@ def assert_grads_close(got_out, want_out, leaves, *, rtol, atol, seed=1):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(ops_gpa_chunked, "PANEL", 8)
-    monkeypatch.setattr(ops_gpa_chunked, "BLOCK", 16)
+    monkeypatch.setattr(ops_gpa_cpu, "PANEL", 8)
+    monkeypatch.setattr(ops_gpa_cpu, "BLOCK", 16)
 
 
 # ---------------------------------------------------------------- naive vs the Cayley-table product
@@ -167,7 +167,7 @@ def test_chunked_equals_naive_float64(case, causal, padded, small_chunks):
     # left padding longer than a key block (skipped block, empty query rows), right padding
     padding = make_padding(batch, k_len, left=(20,), right=(0, 3)) if padded else None
     want = gpa_naive(q, k, v, gamma, causal=causal, key_padding_mask=padding)
-    got = gpa_chunked(q, k, v, gamma, causal=causal, key_padding_mask=padding)
+    got = gpa_cpu(q, k, v, gamma, causal=causal, key_padding_mask=padding)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     assert_grads_close(got, want, (q, k, v, gamma), rtol=1e-8, atol=1e-10)
 
@@ -177,7 +177,7 @@ def test_chunked_saves_only_linear_memory():
     q, k, v, gamma = make_inputs(1, 2, 256, 256, 1, dtype=torch.float32)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
-        gpa_chunked(q, k, v, gamma, causal=True)
+        gpa_cpu(q, k, v, gamma, causal=True)
     assert sum(saved) <= 5 * q.numel()
     saved.clear()
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
@@ -210,7 +210,7 @@ def test_scalar_only_is_one_function_on_every_path(small_chunks):
 def test_auto_kernel_on_cpu_is_the_cpu_kernel():
     q, k, v, gamma = (t.detach() for t in make_inputs(1, 2, 9, 9, 1, dtype=torch.float32))
     auto = geometric_product_attention(q, k, v, gamma, causal=True)
-    assert torch.equal(auto, gpa_chunked(q, k, v, gamma, causal=True))
+    assert torch.equal(auto, gpa_cpu(q, k, v, gamma, causal=True))
 
 
 # ---------------------------------------------------------------- bf16 / autocast

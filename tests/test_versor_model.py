@@ -103,7 +103,7 @@ def test_beam_search_and_sampling_with_the_recurrent_cache():
 @pytest.mark.parametrize("accumulate", ["compact", "full"])
 @pytest.mark.parametrize("mixer", ["rra", "hybrid"])
 def test_token_by_token_decode_equals_the_sequence_forward_float64(mixer, accumulate):
-    # generation runs the lean single-token step (ops_rra_step) through the cache; it must give the sequence
+    # generation runs the lean single-token step (ops_rra_decode) through the cache; it must give the sequence
     # path's logits and rotor states, and the readable reference's (eager), with left padding in the batch
     # "full" at scale 1 leaves float32 within the tiny context (VersorConfig refuses it): scale 0.3, as test_inspect
     scale = 0.3 if accumulate == "full" else 1.0

@@ -14,7 +14,7 @@ from zpx_hf.clifford_algebra import (
     to_matrix,
 )
 from zpx_hf.ops_rra import HAS_TRITON, RRA_ACCUMULATE, recursive_rotor_accumulator, rotor_trajectory
-from zpx_hf.ops_rra_step import rra_step
+from zpx_hf.ops_rra_decode import rra_step
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 # (B, L, H, C): single token, odd sizes, and L > 64 (crosses the reference's re-projection step)
@@ -91,7 +91,7 @@ NAMES = ("output", "state", "d bivectors", "d value", "d initial")
 @pytest.mark.parametrize("shape", GRID, ids=GRID_IDS)
 @pytest.mark.parametrize("kernel", ["cpu", "decode"])
 def test_fast_paths_equal_naive_float64(kernel, shape, accumulate, with_initial):
-    # "decode" is the decode step (ops_rra_step) in a loop; "auto" picks it for one token
+    # "decode" is the decode step (ops_rra_decode) in a loop; "auto" picks it for one token
     leaves = _inputs(*shape, accumulate, with_initial=with_initial)
     got = _forward_and_grads(kernel, accumulate, leaves)
     want = _forward_and_grads("naive", accumulate, leaves)
@@ -100,10 +100,10 @@ def test_fast_paths_equal_naive_float64(kernel, shape, accumulate, with_initial)
 
 @pytest.mark.parametrize("accumulate", RRA_ACCUMULATE)
 def test_auto_runs_the_step_for_one_token_and_the_scan_otherwise(accumulate, monkeypatch):
-    from zpx_hf import ops_rra_step
+    from zpx_hf import ops_rra_decode
 
     calls = []
-    monkeypatch.setattr(ops_rra_step, "rra_step", lambda *a: calls.append("step") or rra_step(*a))
+    monkeypatch.setattr(ops_rra_decode, "rra_step", lambda *a: calls.append("step") or rra_step(*a))
     leaves = _inputs(2, 1, 3, 2, accumulate)
     got = _forward_and_grads("auto", accumulate, leaves)
     assert calls == ["step"]

@@ -8,7 +8,7 @@ over a cache), j is not padding, and both lie in one document (`document_ids`, p
 with no visible key outputs zeros. Kernels (`GPA_KERNELS`, one signature, compared in the tests):
 
 * `"naive"`  `ops_gpa_naive.gpa_naive`: the formula materialised, O(L^2) memory (the reference).
-* `"cpu"`    `ops_gpa_chunked.gpa_chunked`: query panels, key blocks, online softmax and a recomputing
+* `"cpu"`    `ops_gpa_cpu.gpa_cpu`: query panels, key blocks, online softmax and a recomputing
   backward in PyTorch, O(L) memory (earlier name: "chunked").
 * `"triton"` `ops_gpa_triton.gpa_triton`: fused flash-style kernels, O(L) memory (CUDA).
 
@@ -84,7 +84,7 @@ def document_bounds(document_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 
 # The kernels import the tables and the mask above from here, so they are defined first.
-from .ops_gpa_chunked import gpa_chunked  # noqa: E402
+from .ops_gpa_cpu import gpa_cpu  # noqa: E402
 from .ops_gpa_naive import gpa_naive, gpa_naive_weights, score_parts  # noqa: E402
 from .ops_gpa_triton import gpa_triton  # noqa: E402
 
@@ -188,7 +188,7 @@ def _scalar_sdpa(
     return out * has_key
 
 
-_KERNEL_FUNCTIONS = {"naive": gpa_naive, "cpu": gpa_chunked, "triton": gpa_triton, "scalar_sdpa": _scalar_sdpa}
+_KERNEL_FUNCTIONS = {"naive": gpa_naive, "cpu": gpa_cpu, "triton": gpa_triton, "scalar_sdpa": _scalar_sdpa}
 
 
 def geometric_product_attention(
@@ -318,7 +318,7 @@ __all__ = [
     "form_tables",
     "geometric_product_attention",
     "gpa_attention_weights",
-    "gpa_chunked",
+    "gpa_cpu",
     "gpa_naive",
     "gpa_score_parts",
     "gpa_triton",

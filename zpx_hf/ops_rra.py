@@ -18,10 +18,10 @@ Kernels (`RRA_KERNELS`), one signature and one function (`rra_naive` is the defi
 tested against it); earlier names still select them (`LEGACY_RRA_KERNELS`):
 
 * `"naive"` - `ops_rra_naive.py`: the loop as written, matrix exponentials (earlier: "sequential").
-* `"cpu"` - `ops_rra_scan.py`: closed-form rotors, a log-depth scan, structure-of-arrays complex products
+* `"cpu"` - `ops_rra_cpu.py`: closed-form rotors, a log-depth scan, structure-of-arrays complex products
   (earlier: "scan").
 * `"triton"` - `ops_rra_triton.py`: a Triton scan kernel (forward and backward), CUDA.
-* `"decode"` - `ops_rra_step.py`: lean single-token steps (tables and matmuls, few ops): generation
+* `"decode"` - `ops_rra_decode.py`: lean single-token steps (tables and matmuls, few ops): generation
   (earlier: "recurrent").
 * `"auto"` - decode for a single token (generation with the cache), else triton for CUDA tensors when
   Triton imports, else cpu.
@@ -79,16 +79,16 @@ def segment_bounds(restarts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # The kernels import the pieces above from here, so they are defined first.
+from .ops_rra_cpu import accumulated_rotors, from_soa, rra_cpu  # noqa: E402
+from .ops_rra_decode import rra_decode  # noqa: E402
 from .ops_rra_naive import rra_naive  # noqa: E402
-from .ops_rra_scan import accumulated_rotors, from_soa, rra_scan  # noqa: E402
-from .ops_rra_step import rra_decode  # noqa: E402
 from .ops_rra_triton import rra_triton  # noqa: E402
 
 RRA_KERNELS = ("naive", "cpu", "triton", "decode")
 # Names earlier versions used (configs, scripts, benchmarks): the same kernels.
 LEGACY_RRA_KERNELS = {"sequential": "naive", "scan": "cpu", "recurrent": "decode", "step": "decode"}
 RRA_ACCUMULATE = ("compact", "full")
-_KERNEL_FUNCTIONS = {"naive": rra_naive, "cpu": rra_scan, "triton": rra_triton, "decode": rra_decode}
+_KERNEL_FUNCTIONS = {"naive": rra_naive, "cpu": rra_cpu, "triton": rra_triton, "decode": rra_decode}
 
 
 def resolve_rra_kernel(kernel: str, device: torch.device, length: int) -> str:

@@ -5,7 +5,7 @@ re-projecting the state every `RENORM_EVERY` steps (R <- R (3 - ~R R) / 2, strai
 it to 1 where a packed document starts. Its backward runs the reverse recursion: with G_t = dL/dR_t and
 Gbar_t = G_t + Gbar_{t+1} dR_{t+1}^H (no carry across a document start), dL/d dR_t = R_{t-1}^H Gbar_t
 (R_{t-1} = 1 at a document start) and dL/dR_{-1} = Gbar_0 dR_0^H. Per-token rotors (closed forms for compact,
-matrix exponentials for full) and the sandwich come from `ops_rra_scan`.
+matrix exponentials for full) and the sandwich come from `ops_rra_cpu`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .clifford_algebra import (
 )
 from .ops_common import HAS_TRITON, tl, triton
 from .ops_rra import RENORM_EVERY, identity_matrix, project
-from .ops_rra_scan import boost_matrices_soa, matmul_soa, sandwich_values, to_soa
+from .ops_rra_cpu import boost_matrices_soa, matmul_soa, sandwich_values, to_soa
 
 if HAS_TRITON:
 

@@ -194,7 +194,7 @@ class _GPAChunkedFunction(torch.autograd.Function):
         return dq, dk, dv, dgamma if bivector else None, None, None, None, None, None, None
 
 
-def gpa_chunked(
+def gpa_cpu(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -223,4 +223,4 @@ def gpa_chunked(
     )
 
 
-__all__ = ["gpa_chunked"]
+__all__ = ["gpa_cpu"]

@@ -240,7 +240,7 @@ def sandwich_values(transforms: torch.Tensor, value: torch.Tensor) -> torch.Tens
     return decode_values(rotated)
 
 
-def rra_scan(
+def rra_cpu(
     bivectors: torch.Tensor,
     value: torch.Tensor,
     accumulate: str,
@@ -266,7 +266,7 @@ __all__ = [
     "prefix_scan",
     "quaternion_product_soa",
     "reverse_soa",
-    "rra_scan",
+    "rra_cpu",
     "sandwich_values",
     "suffix_sum",
     "to_soa",
