@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import csv
-import statistics
-import time
 from pathlib import Path
+
+from measure import interleaved_times, medians  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -61,12 +61,10 @@ def batches(args: argparse.Namespace) -> tuple[dict, dict, int]:
     return padded, dict(packed), sum(lengths)
 
 
-def step(model, batch: dict) -> float:
-    start = time.perf_counter()
+def step(model, batch: dict) -> None:
     loss = model(**batch, use_cache=False).loss
     loss.backward()
     model.zero_grad(set_to_none=True)
-    return (time.perf_counter() - start) * 1e3
 
 
 def main() -> None:
@@ -81,7 +79,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, prints only")
     args = parser.parse_args()
+    if args.quick:
+        args.documents, args.min_length, args.max_length, args.rounds = 4, 8, 32, 1
 
     import torch
 
@@ -90,13 +91,11 @@ def main() -> None:
     rows = []
     for family in args.families:
         model = build_model(family, args)
-        times: dict[str, list[float]] = {"padded": [], "packed": []}
-        for repeat in range(args.rounds + 1):
-            for mode in ("padded", "packed") if repeat % 2 == 0 else ("packed", "padded"):
-                elapsed = step(model, padded if mode == "padded" else packed)
-                if repeat > 0:  # the first round warms up
-                    times[mode].append(elapsed)
-        padded_ms, packed_ms = statistics.median(times["padded"]), statistics.median(times["packed"])
+        runs = {"padded": lambda m=model: step(m, padded), "packed": lambda m=model: step(m, packed)}
+        times, errors = interleaved_times(runs, rounds=args.rounds, warmup=1)
+        if errors:
+            raise RuntimeError(f"{family}: {errors}")
+        padded_ms, packed_ms = (medians(times)[mode] * 1e3 for mode in ("padded", "packed"))
         rows.append(
             {
                 "family": family,
@@ -108,6 +107,8 @@ def main() -> None:
             }
         )
         print(rows[-1], flush=True)
+    if args.quick:
+        return
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     with open(RESULTS / "bench_packing.csv", "w", newline="") as f:

@@ -15,6 +15,8 @@ import platform
 import time
 from pathlib import Path
 
+from measure import interleaved_times  # benchmarks/measure.py
+
 from zpx_hf.tokenization_bytes import text_to_ids
 from zpx_hf_train.data_tasks import pack_documents
 
@@ -22,13 +24,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SENTENCE = "The quick brown fox jumps over the lazy dog; "
 
 
-def best_of(repeats: int, fn) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return min(times)
+def best_of(repeats: int, runs: dict) -> dict[str, float]:
+    """Fastest of `repeats` interleaved rounds per run (the least the work takes: noise only adds time)."""
+    times, errors = interleaved_times(runs, rounds=repeats, warmup=0)
+    if errors:
+        raise RuntimeError(str(errors))
+    return {name: min(values) for name, values in times.items()}
 
 
 def main() -> None:
@@ -36,14 +37,25 @@ def main() -> None:
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[0.5, 1, 2, 4, 8])
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="smoke run: one small paragraph, prints only")
     args = parser.parse_args()
+    if args.quick:
+        args.sizes_mb, args.repeats = [0.05], 1
     rows = []
     for size in args.sizes_mb:
         paragraph = (SENTENCE * (int(size * 1e6) // len(SENTENCE) + 1))[: int(size * 1e6)]
-        encode = best_of(args.repeats, lambda text=paragraph: text_to_ids(text))
-        pack = best_of(args.repeats, lambda text=paragraph: pack_documents([text], args.seq_len))
+        best = best_of(
+            args.repeats,
+            {
+                "encode": lambda text=paragraph: text_to_ids(text),
+                "pack": lambda text=paragraph: pack_documents([text], args.seq_len),
+            },
+        )
+        encode, pack = best["encode"], best["pack"]
         rows.append((size, encode, pack))
         print(f"{size:g} MB: encode {encode:.3f} s, pack {pack:.3f} s, ratio {pack / encode:.1f}", flush=True)
+    if args.quick:
+        return
     lines = [
         f"Measured by `python benchmarks/bench_text_packing.py` on {time.strftime('%Y-%m-%d')} ({platform.machine()}, "
         f"Python {platform.python_version()}, best of {args.repeats}), one paragraph, seq_len {args.seq_len}:",
