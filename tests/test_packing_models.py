@@ -118,7 +118,7 @@ def test_data_collator_with_flattening_gives_the_unpacked_loss(family, flash_kwa
     torch.testing.assert_close(packed, unpacked_loss(model, docs), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + ["versor-rra", "versor-gpa", "versor-hybrid"])
 def test_sft_trainer_packing_gives_the_unpacked_loss(family, tmp_path):
     """TRL's BFD packing (padding-free rows, restarting position_ids, cu_seq_lens) trains on the same loss."""
     trl = pytest.importorskip("trl")
