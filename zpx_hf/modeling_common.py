@@ -22,6 +22,7 @@ from transformers.modeling_outputs import (
     CausalLMOutputWithPast,
     SequenceClassifierOutputWithPast,
 )
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as GLOBAL_ATTENTION_FUNCTIONS
 
 from .modeling_blocks import (
     CACHE_FIELD,
@@ -57,6 +58,12 @@ def softmax_engine_refusal(model_type: str, implementation: str | None) -> str |
     """The one-line refusal of `implementation` for a family no softmax engine can serve; None when it is allowed."""
     reason = SOFTMAX_ENGINE_REFUSALS.get(model_type)
     if reason is None or implementation is None or implementation in ATTENTION_IMPLEMENTATIONS:
+        return None
+    # only names that are softmax engines (registered globally, flash / flex / paged, or a hub kernel "org/name");
+    # any other name gets transformers' own "not supported" message
+    engine = implementation.split("|")[-1]
+    if not (engine in GLOBAL_ATTENTION_FUNCTIONS or engine.startswith(("flash_attention", "flex_attention", "paged"))
+            or "/" in engine):  # fmt: skip
         return None
     return (
         f"`attn_implementation`={implementation!r} is refused for {model_type}: {reason}, so a softmax attention "
