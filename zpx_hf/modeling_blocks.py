@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .ops_common import constant_tables, upcast, visible_keys  # noqa: F401  (re-exported: shared with ops)
+from .ops_common import upcast
 
 try:  # transformers >= 5: init helpers that respect weights already loaded by `from_pretrained`
     from transformers import initialization as hf_init

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from .modeling_blocks import derived_weight, plain_linears, row_major_transpose, upcast
+from .modeling_blocks import derived_weight, plain_linears, row_major_transpose
+from .ops_common import upcast
 
 
 def complex_parts(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,7 +30,7 @@ from transformers.modeling_utils import AttentionInterface
 
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, NUM_GRADES, conformal_algebra
 from .configuration_versor import VersorConfig
-from .modeling_blocks import constant_tables, derived_weight, hf_init, plain_tensor, upcast
+from .modeling_blocks import derived_weight, hf_init, plain_tensor
 from .modeling_cache import GrowingRows
 from .modeling_common import (
     ForCausalLMHead,
@@ -40,6 +40,7 @@ from .modeling_common import (
     GeometricPreTrainedModel,
     attention_implementation,
 )
+from .ops_common import constant_tables, upcast
 from .ops_gpa import geometric_product_attention, gpa_with_weights
 from .ops_rra import recursive_rotor_accumulator
 
