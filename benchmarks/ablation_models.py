@@ -50,9 +50,17 @@ def base_variant(variant: str) -> str:
 
 
 def model_config(
-    variant: str, hidden: int, intermediate: int, layers: int, heads: int, vocab: int, max_pos: int
+    variant: str,
+    hidden: int,
+    intermediate: int,
+    layers: int,
+    heads: int,
+    vocab: int,
+    max_pos: int,
+    train_length: int | None = None,
 ) -> Any:
-    """Config of `variant` at the given widths (Versor: one multivector channel of 32 per head)."""
+    """Config of `variant` at the given widths (Versor: one multivector channel of 32 per head); PCT's gate bias
+    starts at -log(train_length), the task's training length (default `max_pos`)."""
     from zpx_hf import PCTConfig, VersorConfig, ZPXConfig
 
     entry = VARIANTS[base_variant(variant)]
@@ -69,7 +77,7 @@ def model_config(
     if entry["family"] == "zpx":
         return ZPXConfig(phase_channels=PHASE_CHANNELS, **common)
     if entry["family"] == "pct":
-        return PCTConfig(**common)
+        return PCTConfig(train_context_length=train_length or max_pos, **common)
     return VersorConfig(**common)
 
 
@@ -107,7 +115,9 @@ def build_model(variant: str, width: dict[str, int], layers: int, heads: int, io
     import zpx_hf  # noqa: F401  (registers the families with the Auto classes)
 
     vocab = io.get("vocab", 4)
-    config = model_config(variant, width["hidden"], width["intermediate"], layers, heads, vocab, io["max_pos"])
+    config = model_config(
+        variant, width["hidden"], width["intermediate"], layers, heads, vocab, io["max_pos"], io.get("train_length")
+    )
     if "features" in io:
         return SequenceRegressor(AutoModel.from_config(config), io["features"])
     return AutoModelForCausalLM.from_config(config)

@@ -85,10 +85,10 @@ def io_shape(task: str, budget: TaskBudget, spec: SizeSpec) -> dict[str, int]:
     """Model input/output shape of a task (`features` for continuous sequences)."""
     if task == "nbody":
         return {"features": 2 * NBODY["bodies"] * NBODY["dim"], "max_pos": task_seq_len(task, budget.params)}
-    max_pos = task_seq_len(task, budget.params)
+    max_pos = train_length = task_seq_len(task, budget.params)
     if task == "passkey":
         max_pos *= max(spec.passkey_multiples)
-    return {"vocab": 260, "max_pos": max_pos}
+    return {"vocab": 260, "max_pos": max_pos, "train_length": train_length}
 
 
 def lm_examples(task: str, num: int, seed: int, params: dict[str, Any], length: int | None = None) -> list[dict]:

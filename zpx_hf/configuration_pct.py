@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
 from .configuration_common import LOGIT_SCALE_LIMIT, GeometricConfig, Rule, _fail, pop_removed_fields
 
-TAU_MODES = ("sqrt_d", "inv_sqrt_d", "learnable")
+TAU_MODES = ("log_learnable", "sqrt_d", "inv_sqrt_d", "learnable")
+LEARNABLE_TAU_MODES = ("log_learnable", "learnable")
+# Package defaults chosen by the keyed-needle sweep (benchmarks/results/pct_defaults.md, docs/design.md §4.4).
+DEFAULT_TAU = "log_learnable"
+DEFAULT_TAU_INIT = 20.0
+DEFAULT_TRAIN_CONTEXT_LENGTH = 512
+# 1: before issue 21 (tau "sqrt_d", b_h = -log(max_position_embeddings)); 2: the defaults above.
+DEFAULTS_VERSION = 2
+GEOMETRIC_DEFAULTS = inspect.signature(GeometricConfig.__init__).parameters
 
 
 class PCTConfig(GeometricConfig):
@@ -21,10 +30,20 @@ class PCTConfig(GeometricConfig):
     are converted when loaded.
 
     Args:
-        tau: temperature of `s_ij = tau * Re<qn_i, kn_j>`: `"sqrt_d"` (default), `"inv_sqrt_d"`,
-            `"learnable"` (one per head, initialised at sqrt(d)) or a fixed number in (0, 65504].
-        gate_bias_init: initial value of the per-head gate bias `b_h` in `sigmoid(s_ij + b_h)`; `None`
-            means `-log(max_position_embeddings)` (sigmoid attention recipe, arXiv 2409.04431).
+        tau: temperature of `s_ij = tau_h * Re<qn_i, kn_j>`: `"log_learnable"` (default: one per head,
+            `tau_h = exp(log_tau_h)`, so Adam's ~lr steps on `log_tau_h` scale tau geometrically and
+            attention can sharpen), `"learnable"` (one per head, linear), `"sqrt_d"`, `"inv_sqrt_d"` or a
+            fixed number in (0, 65504].
+        tau_init: initial tau of the learnable modes; `None` means 20 for `"log_learnable"` (the sweep in
+            benchmarks/results/pct_defaults.md) and sqrt(d) for `"learnable"`. Not allowed with a fixed tau.
+        train_context_length: context length n the model is trained at; `b_h` starts at `-log(n)` (sigmoid
+            attention recipe, arXiv 2409.04431), so a row of n near-orthogonal keys sums to ~1. Default 512;
+            zpx-train sets it from the data's sequence length. Not `max_position_embeddings`: a model
+            meant to run 8x past its training length then starts with gates 8x too small to learn.
+        gate_bias_init: initial value of `b_h` in `sigmoid(s_ij + b_h)`, overriding `-log(train_context_length)`.
+        defaults_version: which package defaults fill fields a config omits: 2 (current); a saved config
+            without it predates issue 21 and gets version 1's (tau `"sqrt_d"`, n = max_position_embeddings),
+            so an old checkpoint loads as the model it was.
         qk_norm_eps: epsilon of the complex L2 normalisation of queries and keys.
         attention_bias: complex biases on the q/k/v/o projections.
         mlp_bias: complex biases in the feed-forward layer.
@@ -36,16 +55,33 @@ class PCTConfig(GeometricConfig):
 
     def __init__(
         self,
-        tau: str | float = "sqrt_d",
+        tau: str | float | None = None,
+        tau_init: float | None = None,
+        train_context_length: int | None = None,
         gate_bias_init: float | None = None,
         qk_norm_eps: float = 1e-6,
         attention_bias: bool = False,
         mlp_bias: bool = False,
         width_unit: str | None = None,
+        defaults_version: int | None = None,
         **kwargs: Any,
     ) -> None:
+        if defaults_version is None:
+            # A saved config.json carries `transformers_version`; without `defaults_version` it predates issue 21.
+            defaults_version = 1 if "transformers_version" in kwargs else DEFAULTS_VERSION
+        if defaults_version not in (1, DEFAULTS_VERSION):
+            raise ValueError(
+                f"config field `defaults_version`={defaults_version!r} is invalid: expected 1 or {DEFAULTS_VERSION}."
+            )
+        if tau is None:
+            tau = "sqrt_d" if defaults_version == 1 else DEFAULT_TAU
+        if train_context_length is None and defaults_version == 1:  # the old b_h = -log(max_position_embeddings)
+            train_context_length = kwargs.get("max_position_embeddings", GEOMETRIC_DEFAULTS["max_position_embeddings"].default)
         self.tau = tau
+        self.tau_init = tau_init
+        self.train_context_length = train_context_length or DEFAULT_TRAIN_CONTEXT_LENGTH
         self.gate_bias_init = gate_bias_init
+        self.defaults_version = DEFAULTS_VERSION  # every field above is explicit now
         self.qk_norm_eps = qk_norm_eps
         self.attention_bias = attention_bias
         self.mlp_bias = mlp_bias
@@ -90,6 +126,14 @@ class PCTConfig(GeometricConfig):
             choices=TAU_MODES,
             why="A larger temperature is inf in float16 (NaN gates); use 'learnable' to let training sharpen it.",
         ),
+        "tau_init": Rule(
+            "float",
+            optional=True,
+            positive=True,
+            maximum=LOGIT_SCALE_LIMIT,
+            why="A larger initial temperature is inf in float16 (NaN gates).",
+        ),
+        "train_context_length": Rule("int", minimum=1),
         "gate_bias_init": Rule("float", optional=True),
         "qk_norm_eps": Rule("float", positive=True),
         "attention_bias": Rule("bool"),
@@ -110,10 +154,26 @@ class PCTConfig(GeometricConfig):
                 self.attention_dropout,
                 "PCT's sigmoid-attention kernels have no gate dropout; set attention_dropout=0.0.",
             )
+        if self.tau_init is not None and self.tau not in LEARNABLE_TAU_MODES:
+            _fail(
+                "tau_init",
+                self.tau_init,
+                f"tau={self.tau!r} is fixed, so an initial value would be ignored: set tau='log_learnable' or "
+                "'learnable', or tau_init=None.",
+            )
+
+    @property
+    def learnable_tau(self) -> bool:
+        """Whether tau is a trained parameter per head."""
+        return self.tau in LEARNABLE_TAU_MODES
 
     @property
     def initial_tau(self) -> float:
-        """tau at initialisation (the fixed value unless `tau="learnable"`)."""
+        """tau at initialisation (the fixed value unless tau is learnable)."""
+        if self.tau_init is not None:
+            return float(self.tau_init)
+        if self.tau == "log_learnable":
+            return DEFAULT_TAU_INIT
         if self.tau == "inv_sqrt_d":
             return self.complex_head_dim**-0.5
         if self.tau in ("sqrt_d", "learnable"):

@@ -7,7 +7,7 @@ Attention per head, complex head dim d = head_dim / 2:
     qn = q / ||q||, kn = k / ||k||                          complex L2 norm (eps inside the root)
     q' = qn r(p) e^{i Theta(p)}, k' likewise                SRPE/RoPE in complex form, after the
                                                             norm so SRPE's radius r survives
-    a_ij = sigmoid(tau Re<q'_i, k'_j> + b_h), j visible     no softmax, no row sum
+    a_ij = sigmoid(tau_h Re<q'_i, k'_j> + b_h), j visible     no softmax, no row sum
     out_i = W_o sum_j a_ij v_j                              real gate x complex value
 
 `query_key_value` takes the joint q/k/v projection to normalised, rotated heads with a closed-form backward
@@ -23,6 +23,8 @@ attention runs through the model-local `ALL_ATTENTION_FUNCTIONS` into the op's o
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
@@ -30,6 +32,7 @@ from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import AttentionInterface
 
+from .configuration_common import LOGIT_SCALE_LIMIT
 from .configuration_pct import PCTConfig
 from .modeling_blocks import hf_init, init_bias_log_context
 from .modeling_common import (
@@ -98,6 +101,7 @@ def pct_attention_sdpa(
 
 # Model-local registry: "eager" falls back to the reference passed to `get_interface`.
 ALL_ATTENTION_FUNCTIONS = AttentionInterface()
+LOG_TAU_LIMIT = math.log(LOGIT_SCALE_LIMIT)
 ALL_ATTENTION_FUNCTIONS["sdpa"] = pct_attention_sdpa
 
 
@@ -218,13 +222,16 @@ class PCTAttention(nn.Module):
         self.o_proj = ComplexLinear(inner, width, bias=config.attention_bias)
         # b_h, initialised at -log(n) by `_init_weights`
         self.gate_bias = nn.Parameter(torch.empty(self.num_heads))
-        if config.tau == "learnable":
-            self.tau = nn.Parameter(torch.empty(self.num_heads))
-        else:
-            self.tau = None
-            self.fixed_tau = config.initial_tau
+        self.tau = nn.Parameter(torch.empty(self.num_heads)) if config.tau == "learnable" else None
+        # tau_h = exp(log_tau_h): Adam moves log_tau by ~lr a step, so tau can grow geometrically (sharpen)
+        self.log_tau = nn.Parameter(torch.empty(self.num_heads)) if config.tau == "log_learnable" else None
+        self.fixed_tau = None if config.learnable_tau else config.initial_tau
 
     def temperature(self) -> torch.Tensor | float:
+        """tau per head ([H] tensor, with gradients when learnable) or the fixed number."""
+        if self.log_tau is not None:
+            # capped at LOGIT_SCALE_LIMIT: a larger tau is inf in float16 (NaN gates)
+            return self.log_tau.clamp(max=LOG_TAU_LIMIT).exp()
         return self.tau if self.tau is not None else self.fixed_tau
 
     def _merge_heads(self, z: torch.Tensor) -> torch.Tensor:
@@ -307,11 +314,13 @@ class PCTPreTrainedModel(GeometricPreTrainedModel):
             hf_init.constant_(module.gate_bias, self._initial_gate_bias())
             if module.tau is not None:
                 hf_init.constant_(module.tau, self.config.initial_tau)
+            if module.log_tau is not None:
+                hf_init.constant_(module.log_tau, math.log(self.config.initial_tau))
 
     def _initial_gate_bias(self) -> float:
         if self.config.gate_bias_init is not None:
             return float(self.config.gate_bias_init)
-        return init_bias_log_context(self.config.max_position_embeddings)
+        return init_bias_log_context(self.config.train_context_length)
 
 
 class PCTModel(GeometricModel, PCTPreTrainedModel):

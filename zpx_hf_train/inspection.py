@@ -211,7 +211,7 @@ def pct_parameters(model: Any) -> dict[str, Any]:
         tau = attention.temperature()
         taus.append(_numpy(tau) if torch.is_tensor(tau) else np.full_like(bias, float(tau)))
         biases.append(bias)
-    return {"tau": np.stack(taus), "gate_bias": np.stack(biases), "tau_learned": model.config.tau == "learnable"}
+    return {"tau": np.stack(taus), "gate_bias": np.stack(biases), "tau_learned": model.config.learnable_tau}
 
 
 def versor_mixer_inputs(model: Any, input_ids: torch.Tensor) -> list[torch.Tensor]:
