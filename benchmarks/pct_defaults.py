@@ -17,6 +17,7 @@ import concurrent.futures
 import dataclasses
 import datetime
 import json
+import math
 import os
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from measure import clock
 RESULTS = Path(__file__).resolve().parent / "results"
 STEM = RESULTS / "pct_defaults"
 TASK = "passkey"
+COMPLEX_HEAD_DIM = 24  # hidden-matched PCT of the medium suite: hidden 192, 4 heads of real width 48
 MULTIPLES = (1, 8)  # 8x keeps max_position_embeddings = 640, the suite's
 # arm -> PCT config fields; b_h = -log(train_context_length). "old" is the code before issue 21:
 # tau = sqrt(d) fixed, b_h = -log(max_position_embeddings) = -log(640).
@@ -69,7 +71,9 @@ def run_arm(arm: str, seed: int, steps: int) -> dict[str, Any]:
     budget = spec.budgets[TASK]
     io = io_shape(TASK, budget, spec)
     width = match_width("pct", spec.hidden, spec.layers, spec.heads, io, 0.10, None)
-    base = model_config("pct", width["hidden"], width["intermediate"], spec.layers, spec.heads, io["vocab"], io["max_pos"])
+    base = model_config(
+        "pct", width["hidden"], width["intermediate"], spec.layers, spec.heads, io["vocab"], io["max_pos"]
+    )
     config = PCTConfig.from_dict({**base.to_dict(), "tau_init": None, **ARMS[arm]})
     row: dict[str, Any] = {"arm": arm, "seed": seed, "budget": budget.fingerprint(), "steps": steps, **ARMS[arm]}
     row.update(commit=commit(), lr=budget.lr, hidden=width["hidden"], params=width["params"])
@@ -90,6 +94,27 @@ def run_arm(arm: str, seed: int, steps: int) -> dict[str, Any]:
         row["status"] = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
     row["seconds"] = clock() - start
     return row
+
+
+def initial_gates(arm: str, complex_head_dim: int, trials: int = 512) -> dict[str, float]:
+    """Gates at initialisation (no training) of one query row at the trained length 80: the one key equal to the
+    query (cosine 1) and the sum over the 79 others (random unit keys), mean over `trials` rows; through the
+    package's `pct_attention_weights` with the arm's initial tau and b_h = -log(n)."""
+    import torch
+
+    from zpx_hf import PCTConfig
+    from zpx_hf.ops_pct import pct_attention_weights
+
+    length = sweep_spec(800).budgets[TASK].params["length"]
+    config = PCTConfig(hidden_size=8 * complex_head_dim, num_attention_heads=4, **ARMS[arm])
+    generator = torch.Generator().manual_seed(0)
+    keys = torch.nn.functional.normalize(
+        torch.randn(trials, 1, length, 2 * complex_head_dim, generator=generator), dim=-1
+    )
+    query = keys[:, :, :1]  # the needle's key
+    bias = torch.tensor([-math.log(config.train_context_length)])
+    gates = pct_attention_weights(query, keys, torch.tensor([config.initial_tau]), bias, causal=False)[:, 0, 0]
+    return {"match": float(gates[:, 0].mean()), "others_sum": float(gates[:, 1:].sum(-1).mean())}
 
 
 def read_rows() -> list[dict[str, Any]]:
@@ -116,7 +141,9 @@ def render(command: str, steps: int) -> str:
     for arm in ARMS:
         mine = sorted((r for r in rows if r["arm"] == arm), key=lambda r: r["seed"])
         if not mine:
-            lines.append(f"| {arm} | {ARMS[arm]['tau']} | | {ARMS[arm]['train_context_length']} | 0 | not run | | | | | |")
+            lines.append(
+                f"| {arm} | {ARMS[arm]['tau']} | | {ARMS[arm]['train_context_length']} | 0 | not run | | | | | |"
+            )
             continue
         em1 = [r["passkey_em@1x"] for r in mine]
         em8 = [r["passkey_em@8x"] for r in mine]
@@ -127,6 +154,23 @@ def render(command: str, steps: int) -> str:
             f"{len(mine)} | {' / '.join(f'{e:.3f}' for e in em1)} | {sum(em1) / len(em1):.3f} | "
             f"{sum(em8) / len(em8):.3f} | {sum(tau_end) / len(tau_end):.2f} | {sum(bias_end) / len(bias_end):.2f} | "
             f"{', '.join(sorted({r['commit'] for r in mine}))} |"
+        )
+    lines += [
+        "",
+        "Gates at initialisation (no training; `initial_gates`): one query row at length 80, complex head dim "
+        f"d = {COMPLEX_HEAD_DIM} (the hidden-matched PCT), the needle's key (cosine 1) against 79 random unit keys.",
+        "",
+        "| arm | tau_start | b_h | gate of the matching key | sum of the 79 other gates |",
+        "|---|---|---|---|---|",
+    ]
+    for arm in ARMS:
+        from zpx_hf import PCTConfig
+
+        config = PCTConfig(hidden_size=8 * COMPLEX_HEAD_DIM, num_attention_heads=4, **ARMS[arm])
+        gates = initial_gates(arm, COMPLEX_HEAD_DIM)
+        lines.append(
+            f"| {arm} | {config.initial_tau:.3g} | {-math.log(config.train_context_length):.2f} | "
+            f"{gates['match']:.3f} | {gates['others_sum']:.3f} |"
         )
     text = "\n".join(lines) + "\n"
     STEM.with_suffix(".md").write_text(text)

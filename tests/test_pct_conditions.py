@@ -86,7 +86,12 @@ def attention_formula(attention, hidden, attention_mask, config):
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     rotation = srpe_factor(positions, config)[:, None]  # [B, 1, L, d]
     q, k = q * rotation, k * rotation
-    tau = attention.tau.double() if attention.tau is not None else torch.full((heads,), math.sqrt(d)).double()
+    if config.tau == "log_learnable":
+        tau = attention.log_tau.double().exp()  # tau_h = exp(log_tau_h)
+    elif config.tau == "learnable":
+        tau = attention.tau.double()
+    else:
+        tau = torch.full((heads,), math.sqrt(d)).double()
     scores = tau[:, None, None] * torch.einsum("bhim,bhjm->bhij", q, k.conj()).real
     gates = torch.sigmoid(scores + attention.gate_bias.double()[:, None, None])
     visible = torch.tril(torch.ones(length, length, dtype=torch.bool))[None, None]
@@ -115,7 +120,7 @@ def capture_attention(model, input_ids, attention_mask, **kwargs):
     return store["input"], store["output"], outputs.attentions[0]
 
 
-@pytest.mark.parametrize("tau", ["sqrt_d", "learnable"])
+@pytest.mark.parametrize("tau", ["sqrt_d", "learnable", "log_learnable"])
 @pytest.mark.parametrize("attention_bias", [False, True])
 def test_attention_equals_complex_float64_formula(tau, attention_bias):
     torch.manual_seed(0)

@@ -136,10 +136,18 @@ def test_checkpoints_with_complex_widths_convert_on_load(tmp_path):
 
 
 def test_initialisation_recipe():
-    model = PCTModel(tiny_config(max_position_embeddings=128, tau="learnable"))
+    # b_h = -log(train_context_length), whatever max_position_embeddings is (the length it may run at)
+    model = PCTModel(tiny_config(max_position_embeddings=1024, train_context_length=128, tau="learnable"))
     attention = model.layers[0].self_attn
     torch.testing.assert_close(attention.gate_bias.data, torch.full((2,), -math.log(128)))
     torch.testing.assert_close(attention.tau.data, torch.full((2,), math.sqrt(8)))  # complex head dim d = 8
+    assert attention.log_tau is None and attention.fixed_tau is None
+    default = PCTModel(tiny_config(max_position_embeddings=1024)).layers[0].self_attn  # package defaults
+    torch.testing.assert_close(default.gate_bias.data, torch.full((2,), -math.log(512)))
+    torch.testing.assert_close(default.log_tau.data, torch.full((2,), math.log(20.0)))
+    assert default.tau is None and default.fixed_tau is None
+    scaled = PCTModel(tiny_config(tau="log_learnable", tau_init=7.5)).layers[0].self_attn
+    torch.testing.assert_close(scaled.temperature().detach(), torch.full((2,), 7.5))
     assert PCTModel(tiny_config(tau="inv_sqrt_d")).layers[0].self_attn.fixed_tau == pytest.approx(8**-0.5)
     assert PCTModel(tiny_config(gate_bias_init=-2.0)).layers[0].self_attn.gate_bias.data.eq(-2.0).all()
 

@@ -76,10 +76,14 @@ class PCTConfig(GeometricConfig):
         if tau is None:
             tau = "sqrt_d" if defaults_version == 1 else DEFAULT_TAU
         if train_context_length is None and defaults_version == 1:  # the old b_h = -log(max_position_embeddings)
-            train_context_length = kwargs.get("max_position_embeddings", GEOMETRIC_DEFAULTS["max_position_embeddings"].default)
+            train_context_length = kwargs.get(
+                "max_position_embeddings", GEOMETRIC_DEFAULTS["max_position_embeddings"].default
+            )
         self.tau = tau
         self.tau_init = tau_init
-        self.train_context_length = train_context_length or DEFAULT_TRAIN_CONTEXT_LENGTH
+        self.train_context_length = (
+            DEFAULT_TRAIN_CONTEXT_LENGTH if train_context_length is None else train_context_length
+        )
         self.gate_bias_init = gate_bias_init
         self.defaults_version = DEFAULTS_VERSION  # every field above is explicit now
         self.qk_norm_eps = qk_norm_eps

@@ -421,6 +421,8 @@ def build_model_config(
     for key in kwargs:
         if key not in valid:
             raise unknown_key(path, "model.", key, valid)
+    if seq_len and "train_context_length" in valid and "train_context_length" not in kwargs:
+        kwargs = {**kwargs, "train_context_length": seq_len}  # PCT: b_h = -log(the data's training length)
     try:
         config = config_class(**kwargs)
     except (TypeError, ValueError) as error:
