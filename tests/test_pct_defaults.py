@@ -1,4 +1,4 @@
-"""PCT defaults of issue 21 (docs/design.md §4.4): tau "log_learnable" (tau_h = exp(log_tau_h)) at tau_init, b_h =
+"""PCT defaults of issue 21 (docs/design.md §4.2-4.3): tau "log_learnable" (tau_h = exp(log_tau_h)) at tau_init, b_h =
 -log(train_context_length); checkpoints saved before them (tests/fixtures/pct_v1_*, written by commit 041f866)
 load with their saved values and give the logits that code gave, bit for bit."""
 

@@ -10,7 +10,7 @@ from .configuration_common import LOGIT_SCALE_LIMIT, GeometricConfig, Rule, _fai
 
 TAU_MODES = ("log_learnable", "sqrt_d", "inv_sqrt_d", "learnable")
 LEARNABLE_TAU_MODES = ("log_learnable", "learnable")
-# Package defaults chosen by the keyed-needle sweep (benchmarks/results/pct_defaults.md, docs/design.md §4.4).
+# Package defaults (docs/design.md §4.2-4.3: the measurements behind them, benchmarks/results/pct_defaults.md).
 DEFAULT_TAU = "log_learnable"
 DEFAULT_TAU_INIT = 20.0
 DEFAULT_TRAIN_CONTEXT_LENGTH = 512
@@ -34,8 +34,9 @@ class PCTConfig(GeometricConfig):
             `tau_h = exp(log_tau_h)`, so Adam's ~lr steps on `log_tau_h` scale tau geometrically and
             attention can sharpen), `"learnable"` (one per head, linear), `"sqrt_d"`, `"inv_sqrt_d"` or a
             fixed number in (0, 65504].
-        tau_init: initial tau of the learnable modes; `None` means 20 for `"log_learnable"` (the sweep in
-            benchmarks/results/pct_defaults.md) and sqrt(d) for `"learnable"`. Not allowed with a fixed tau.
+        tau_init: initial tau of the learnable modes; `None` means 20 for `"log_learnable"` (tau = 20 learned
+            the keyed needle, 0.84-0.92 at 800 steps, where sqrt(d) did not: docs/design.md §4.2) and sqrt(d)
+            for `"learnable"`. Not allowed with a fixed tau.
         train_context_length: context length n the model is trained at; `b_h` starts at `-log(n)` (sigmoid
             attention recipe, arXiv 2409.04431), so a row of n near-orthogonal keys sums to ~1. Default 512;
             zpx-train sets it from the data's sequence length. Not `max_position_embeddings`: a model
@@ -128,7 +129,7 @@ class PCTConfig(GeometricConfig):
             positive=True,
             maximum=LOGIT_SCALE_LIMIT,
             choices=TAU_MODES,
-            why="A larger temperature is inf in float16 (NaN gates); use 'learnable' to let training sharpen it.",
+            why="A larger temperature is inf in float16 (NaN gates); use 'log_learnable' to let training sharpen it.",
         ),
         "tau_init": Rule(
             "float",
