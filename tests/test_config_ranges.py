@@ -101,6 +101,7 @@ LOGIT_SCALES = [
     ("zpx", "lambda_angle", -1),
     ("zpx", "lambda_sphere", 1),
     ("pct", "tau", 1),
+    ("pct", "tau_init", 1),
     ("versor-gpa", "gpa_gamma_init", 1),
     ("versor-gpa", "gpa_gamma_init", -1),
 ]

@@ -180,7 +180,7 @@ def test_pct_pictures_plot_the_gates_and_parameters(pct_run):
 
 def test_pct_fixed_temperature_is_drawn_per_head(tmp_path):
     torch.manual_seed(0)
-    config = tiny_config(PCTConfig, hidden_size=16, num_hidden_layers=1)
+    config = tiny_config(PCTConfig, hidden_size=16, num_hidden_layers=1, tau="sqrt_d")
     model = PCTForCausalLM(config)
     params = pct_parameters(model)
     assert not params["tau_learned"]

@@ -101,7 +101,6 @@ def pct_attention_sdpa(
 
 # Model-local registry: "eager" falls back to the reference passed to `get_interface`.
 ALL_ATTENTION_FUNCTIONS = AttentionInterface()
-LOG_TAU_LIMIT = math.log(LOGIT_SCALE_LIMIT)
 ALL_ATTENTION_FUNCTIONS["sdpa"] = pct_attention_sdpa
 
 
@@ -230,8 +229,9 @@ class PCTAttention(nn.Module):
     def temperature(self) -> torch.Tensor | float:
         """tau per head ([H] tensor, with gradients when learnable) or the fixed number."""
         if self.log_tau is not None:
-            # capped at LOGIT_SCALE_LIMIT: a larger tau is inf in float16 (NaN gates)
-            return self.log_tau.clamp(max=LOG_TAU_LIMIT).exp()
+            # in float32 at least (the kernels' tau precision), capped at LOGIT_SCALE_LIMIT: a float16 log_tau
+            # rounds log(65504) up to 11.094, whose exp is inf in float16 (NaN gates)
+            return upcast(self.log_tau).exp().clamp(max=LOGIT_SCALE_LIMIT)
         return self.tau if self.tau is not None else self.fixed_tau
 
     def _merge_heads(self, z: torch.Tensor) -> torch.Tensor:
