@@ -138,6 +138,13 @@ def render(command: str, steps: int) -> str:
         "tau at end (mean) | b_h at end (mean) | commit |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    if not rows:
+        lines.insert(
+            6,
+            "No training arm has finished yet (on the shared 2-core machine each process got ~11% of a core: an "
+            "800-step run was estimated at about two hours); "
+            "`python benchmarks/pct_defaults.py` runs them and fills this table.\n",
+        )
     for arm in ARMS:
         mine = sorted((r for r in rows if r["arm"] == arm), key=lambda r: r["seed"])
         if not mine:
