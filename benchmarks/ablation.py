@@ -1,23 +1,32 @@
-"""Ablation suite: attention variants on recall, geometry, text and N-body tasks at matched parameters and budget.
+"""Ablation suite: attention variants on recall, geometry, text and N-body tasks at matched parameters.
 
-    python benchmarks/ablation.py --size small             # CPU smoke suite, 2 seeds
-    python benchmarks/ablation.py --size medium            # calibrated CPU suite, 3 seeds; resumable
-    python benchmarks/ablation.py --size medium --report   # re-render tables/plots from the saved rows only
-    python benchmarks/ablation.py --size full --device cuda
+    python benchmarks/ablation.py --size evidence --workers 2             # the evidence suite (issue 21); resumable
+    python benchmarks/ablation.py --size evidence --workers 2 --report    # re-render from the saved rows only
+    python benchmarks/ablation.py --size evidence_smoke --tasks mqar --variants baseline   # its machinery, ~1 min
+    python benchmarks/ablation.py --size full --device cuda --workers 1   # the seeds' scale (16K needle), a GPU
+    python benchmarks/ablation.py --size medium                           # superseded protocol: one lr, 3 seeds
+    python benchmarks/ablation.py --size small                            # CPU smoke suite of that protocol
+
+Evidence protocol (`--size evidence`, `evidence_smoke`, `full`; plan in ablation_plan.py): every variant at every
+lr of the grid with seed 0, the best on a validation split (its own data seed) selected, then seeds 1 .. n-1 at
+that lr; test numbers at the selected setting with per-example hits in each row; validation curves at step
+checkpoints with training FLOPs; Welch + Holm and bootstrap verdicts (ablation_stats.py); every row records
+commit, dirty flag, config hash, lr, seed, protocol and budget fingerprint. Headline cells (MQAR, the needle at
+80 tokens tested at 1-8x, N-body) run first with 5 seeds. Rows of other protocols stay listed as superseded.
 
 Variants (`ablation_models.VARIANTS`, the package's families through the Auto classes): the baseline
 (softmax + RoPE: ZPX with both lambdas 0 and rotary RoPE, Llama-style), softmax + SRPE, the ZPX kernels
-(angle, sphere, centre loss, SRPE), PCT, and Versor with each mixer; `versor_<mixer>@time` is the same Versor
-model trained for the baseline's median wall-clock seconds on that task instead of the step budget.
+(angle, sphere, centre loss, SRPE), PCT (and its scale options; `pct_tuned` selects over them), and Versor with
+each mixer; `versor_<mixer>@time` (medium protocol only) is Versor trained for the baseline's median seconds.
 
 Tasks (`ablation_runs`): mqar, passkey (keyed needle among distractors, evaluated at multiples of the trained
-length), selective_copy, spiral (4 classes), text (pydoc bytes, held-out perplexity), nbody (5 bodies,
-G = 1, dt = 0.01, velocity Verlet, walls at +-2; rollout position MSE and energy drift).
+length), passkey_long (the same needle trained and tested at one long length), selective_copy, spiral
+(4 classes), text (pydoc bytes, held-out perplexity), nbody (rollout position MSE and energy drift).
 
-Every finished (variant, task, seed) run is appended to results/ablation_<size>.jsonl at once; a rerun skips
-the runs already there with the same task budget, so an interrupted suite resumes where it stopped. Each run
-uses one thread (`--workers` runs in parallel). Tables, findings and plots (ablation_report.py) are rewritten
-from the jsonl after every run.
+Every finished run is appended to results/ablation_<size>.jsonl at once; a rerun skips the runs already there
+with the same protocol and task budget, so an interrupted suite resumes where it stopped. Each run uses one
+thread (`--workers` runs in parallel). Tables, findings and plots (ablation_report.py) are rewritten from the
+jsonl after every run.
 """
 
 from __future__ import annotations
@@ -167,27 +176,36 @@ SIZES = {
         checkpoints=(1 / 8, 1 / 4, 1 / 2, 1),
         val_examples=256,
     ),
+    # The seeds' own scale, for a GPU (`--device cuda`): the evidence protocol (lr grid, validation, 5 headline
+    # seeds, curves) at 4 layers, the needle trained at 2,048 tokens and tested up to 8x (16K), and trained and
+    # tested at 16,384 tokens (seed 003's NIAH length). LRA is not implemented in this repository.
     "full": SizeSpec(
         hidden=128,
         layers=4,
         heads=2,
-        budgets=_budgets(
-            {"mqar": 2000, "passkey": 1500, "selective_copy": 2000, "spiral": 1500, "text": 2000, "nbody": 2000},
-            batch=32,
-            lr=1e-3,
-            params={
-                "mqar": {"num_pairs": 12, "num_queries": 24, "query_replacement": True},
-                "passkey": {"length": 256, "num_needles": 4, "num_distractors": 4},
-                "selective_copy": {"num_tokens": 8, "num_positions": 48},
-                "spiral": {"num_points": 48},
-                "text": {"length": 256, "train_blocks": 20000, "eval_blocks": 256},
-                "nbody": {**NBODY_PROTOCOL, "train_trajectories": 2048, "eval_trajectories": 128},
-            },
-        ),
-        eval_examples=256,
+        budgets={
+            **_budgets(
+                {"mqar": 2000, "spiral": 1500, "nbody": 2000},
+                batch=32,
+                lr=1e-3,
+                params={
+                    "mqar": {"num_pairs": 12, "num_queries": 24, "query_replacement": True},
+                    "spiral": {"num_points": 48},
+                    "nbody": {**NBODY_PROTOCOL, "train_trajectories": 2048, "eval_trajectories": 256},
+                },
+            ),
+            "passkey": TaskBudget(steps=3000, batch=16, lr=1e-3, params={**NEEDLE_80, "length": 2048}),
+            "passkey_long": TaskBudget(steps=2000, batch=4, lr=1e-3, params={**NEEDLE_80, "length": 16384}),
+        },
+        eval_examples=512,
         passkey_multiples=(1, 2, 4, 8),
-        passkey_eval_examples=128,
-        seeds=3,
+        passkey_eval_examples=512,
+        seeds=5,
+        versor_max_hidden=1024,
+        protocol="full-v1",
+        lrs=(3e-4, 1e-3, 3e-3),
+        checkpoints=(1 / 8, 1 / 4, 1 / 2, 1),
+        val_examples=512,
     ),
 }
 DEFAULT_VARIANTS = {
@@ -202,7 +220,6 @@ DEFAULT_VARIANTS = {
         "versor_hybrid",
         f"versor_hybrid{TIME_SUFFIX}",
     ],
-    "full": list(VARIANTS),
 }
 ORDER = {"zpx": 0, "pct": 1, "versor": 2}  # cheap families first: PCT and Versor are the slow ones on CPU
 # (variant, task) runs that, with the baseline's, decide the seed claims checked in ablation_report.claims

@@ -1,11 +1,12 @@
 """One ablation run: task data, the training loop and the task's evaluation, for one (variant, task, seed).
 
 Token tasks draw fresh examples every step from `zpx_hf_train.data_tasks` / `zpx_hf_train.data_geometry` (training
-seeds never meet the fixed evaluation seed), so a run is a sample of the task distribution, not a fixed
-training set. Optimiser: AdamW, linear warm-up, then a constant learning rate, gradient clipping 1.0;
-with a constant rate a run of N steps is the first N steps of a longer one, which is what the calibration
-measures. N-body: teacher-forced next-state training on the protocol's trajectories, then an autoregressive
-rollout.
+seeds never meet the fixed test seed EVAL_SEED or the validation seed VAL_SEED), so a run is a sample of the
+task distribution, not a fixed training set. Evaluation keeps every example's answer hits (a hex bitstring in
+the row) for the bootstrap; evidence sizes also record validation curves and flop_counter FLOPs. Optimiser:
+AdamW, linear warm-up, then a constant learning rate, gradient clipping 1.0; with a constant rate a run of
+N steps is the first N steps of a longer one, which is what the calibration measures. N-body: teacher-forced
+next-state training on the protocol's trajectories, then an autoregressive rollout.
 """
 
 from __future__ import annotations
