@@ -154,18 +154,18 @@ def runnable(cells: Sequence[Cell], done: dict[Job, dict[str, Any]], spec: SizeS
     return sorted(keyed, key=keyed.__getitem__)
 
 
-def planned_jobs(cells: Sequence[Cell], spec: SizeSpec) -> list[tuple[Cell, int, str]]:
-    """(cell, seed, member-or-'selected') of the whole plan, for counting and estimates (stage-1 runs shared
-    between cells, e.g. `pct` in `pct` and `pct_tuned`, are counted once)."""
+def planned_jobs(cells: Sequence[Cell], spec: SizeSpec) -> list[tuple[Cell, int, str, float | None]]:
+    """(cell, seed, member or 'selected', lr or None) of the whole plan, for counting and estimates (stage-1 runs
+    shared between cells, e.g. `pct`'s in `pct` and `pct_tuned`, are counted once)."""
     seen, out = set(), []
     for cell in cells:
         for m in members(cell.name):
             for lr in spec.lr_grid(cell.task):
                 if (m, cell.task, lr) not in seen:
                     seen.add((m, cell.task, lr))
-                    out.append((cell, 0, m))
+                    out.append((cell, 0, m, lr))
         if len(spec.lr_grid(cell.task)) > 1 or len(members(cell.name)) > 1:
-            out += [(cell, s, "selected") for s in range(1, cell.seeds)]
+            out += [(cell, s, "selected", None) for s in range(1, cell.seeds)]
     return out
 
 
@@ -226,7 +226,7 @@ def estimate_seconds(variant: str, task: str, spec: SizeSpec, measured: dict[tup
 def estimate(cells: Sequence[Cell], spec: SizeSpec, measured: dict, workers: int) -> dict[str, float]:
     """Estimated wall hours of the plan by tier and in all, with `workers` runs in parallel."""
     hours: dict[str, float] = {}
-    for cell, _, member in planned_jobs(cells, spec):
+    for cell, _, member, _ in planned_jobs(cells, spec):
         variant = members(cell.name)[0] if member == "selected" else member
         key = f"tier {cell.tier}"
         hours[key] = hours.get(key, 0.0) + estimate_seconds(variant, cell.task, spec, measured) / 3600 / workers

@@ -125,7 +125,9 @@ def test_lower_is_better_failed_runs_excluded_and_nbody_falls_back_to_test_loudl
         _row("baseline", "nbody", 0, 3e-3, None, status="failed: FloatingPointError: nan"),
     ]
     assert plan.select(cell, _done(rows), EVIDENCE)["lr"] == 1e-3
-    old = [{**r, "position_mse": r.pop("val_pos_mse")} for r in rows[:2]] + rows[2:]  # a protocol without val_*
+    # a protocol without a validation split: only the test metric
+    old = [{**{k: v for k, v in r.items() if k != "val_pos_mse"}, "position_mse": r["val_pos_mse"]} for r in rows[:2]]
+    old += rows[2:]
     chosen = plan.select(cell, _done(old), EVIDENCE)
     assert chosen["source"] == "test" and chosen["lr"] == 1e-3
     every_failed = [_row("baseline", "nbody", 0, lr, None, status="failed: x") for lr in EVIDENCE.lrs]
@@ -174,7 +176,10 @@ def test_resume_ignores_rows_of_another_protocol_or_budget(tmp_path):
 def test_estimate_counts_shared_runs_once_and_is_within_the_cpu_budget_for_the_headline():
     cells = plan.evidence_cells(list(EVIDENCE.budgets))
     jobs = plan.planned_jobs(cells, EVIDENCE)
-    assert len(jobs) == len({(c.name, c.task, s, m) for c, s, m in jobs})
+    assert len(jobs) == len({(c.name, c.task, s, m, lr) for c, s, m, lr in jobs})
+    # pct's stage-1 runs serve both the `pct` and the `pct_tuned` cells
+    pct_stage1 = [j for j in jobs if j[0].task == "mqar" and j[2] == "pct"]
+    assert len(pct_stage1) == len(EVIDENCE.lrs)
     hours = plan.estimate(cells, EVIDENCE, {}, workers=2)
     assert 0 < hours["tier 0"] < 5 and hours["total"] == pytest.approx(sum(v for k, v in hours.items() if k != "total"))
 
