@@ -30,9 +30,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "config": {"lambda_angle": 1.0, "lambda_sphere": 1.0, "rotary": "srpe", "center_loss_weight": 1e-4},
     },
     "pct": {"family": "pct", "config": {}},  # the package defaults
-    # PCT score-scale options: the evidence suite's `pct_tuned` cell selects over every PCT entry here, so an
-    # option is one line, e.g. "pct_tau40": {"family": "pct", "config": {"tau_init": 40.0}}
-    "pct_tau_learnable": {"family": "pct", "config": {"tau": "learnable"}},
+    # PCT score-scale options: the evidence suite's `pct_tuned` cell selects over every PCT entry here (it is
+    # planned once there is one), so an option is one line, e.g.
+    # "pct_tau40": {"family": "pct", "config": {"tau_init": 40.0}},  (3 more runs per task, +4 seeds if chosen)
     "versor_gpa": {"family": "versor", "config": {"mixer": "gpa"}},
     "versor_rra": {"family": "versor", "config": {"mixer": "rra"}},
     "versor_hybrid": {"family": "versor", "config": {"mixer": "hybrid"}},

@@ -821,18 +821,28 @@ def evidence_claims(verdicts: dict, spec: Any, reference: dict[str, Any] | None)
         "pos_mse",
     )
     cv = f"{reference['const_velocity_position_mse']:.4f}" if reference else "n/a"
+    import ablation_plan
+
+    options = len(ablation_plan.members("pct_tuned")) > 1  # a PCT scale option in ablation_models.VARIANTS
+
+    def tuned(table: str, key: str, task: str) -> str:
+        return (
+            f"; PCT tuned over its scale options {_claim(verdicts, table, 'pct_tuned', key, task)}" if options else ""
+        )
+
     return [
         "Seed claims, as the seeds state them, and this suite's corrected verdicts (variant vs the baseline):",
         "",
         f'- PCT (seed 003): "{SEED_PCT}". Not testable on CPU at 16K tokens (`--size full`). Here: trained at '
-        f"80, tested at {longest}x — PCT with package defaults "
-        f"{_claim(verdicts, head, 'pct', f'{NEEDLE}@{longest}x', 'passkey')}; "
-        f"PCT tuned {_claim(verdicts, head, 'pct_tuned', f'{NEEDLE}@{longest}x', 'passkey')}. Trained and tested at "
-        f"{spec.budgets['passkey_long'].params['length'] if 'passkey_long' in spec.budgets else 'n/a'} tokens — "
-        f"PCT defaults {_claim(verdicts, same, 'pct', f'{NEEDLE}@1x', 'passkey_long')}; PCT tuned "
-        f"{_claim(verdicts, same, 'pct_tuned', f'{NEEDLE}@1x', 'passkey_long')}. At the trained length "
-        f"({spec.budgets['passkey'].params['length'] if 'passkey' in spec.budgets else 'n/a'}): PCT "
-        f"defaults {_claim(verdicts, head, 'pct', f'{NEEDLE}@1x', 'passkey')}.",
+        f"{spec.budgets['passkey'].params['length'] if 'passkey' in spec.budgets else 'n/a'} tokens, tested at "
+        f"{longest}x — PCT with package defaults {_claim(verdicts, head, 'pct', f'{NEEDLE}@{longest}x', 'passkey')}"
+        f"{tuned(head, f'{NEEDLE}@{longest}x', 'passkey')}. At the trained length: PCT defaults "
+        f"{_claim(verdicts, head, 'pct', f'{NEEDLE}@1x', 'passkey')}{tuned(head, f'{NEEDLE}@1x', 'passkey')}. "
+        f"Trained and tested at "
+        f"{spec.budgets['passkey_long'].params['length'] if 'passkey_long' in spec.budgets else 'n/a'} tokens: PCT "
+        f"defaults {_claim(verdicts, same, 'pct', f'{NEEDLE}@1x', 'passkey_long')}"
+        f"{tuned(same, f'{NEEDLE}@1x', 'passkey_long')}."
+        + ("" if options else " (No PCT scale option is listed in ablation_models.VARIANTS, so no `pct_tuned` cell.)"),
         f'- Versor (seed 004): "{SEED_VERSOR}" (the paper\'s own scale; no ± given). Here, parameter-matched '
         f"(Versor hidden up to {spec.versor_max_hidden}): N-body {nbody_key} "
         f"{_claim(verdicts, head, 'versor_hybrid', nbody_key, 'nbody')} "

@@ -135,7 +135,11 @@ def test_lower_is_better_failed_runs_excluded_and_nbody_falls_back_to_test_loudl
     assert plan.runnable([cell], _done(every_failed), EVIDENCE) == []
 
 
-def test_pct_tuned_selects_over_scale_options_and_shares_runs_with_pct():
+def test_pct_tuned_selects_over_scale_options_and_shares_runs_with_pct(monkeypatch):
+    assert "pct_tuned" not in {c.name for c in plan.evidence_cells(["passkey"])} or len(plan.members("pct_tuned")) > 1
+    # a scale option is one VARIANTS line
+    monkeypatch.setitem(models.VARIANTS, "pct_tau_learnable", {"family": "pct", "config": {"tau": "learnable"}})
+    assert "pct_tuned" in {c.name for c in plan.evidence_cells(["passkey"])}
     members = plan.members("pct_tuned")
     assert members[0] == "pct" and "pct_tau_learnable" in members
     assert set(members) == {v for v, e in models.VARIANTS.items() if e["family"] == "pct"}
