@@ -641,7 +641,7 @@ def evidence_columns(spec: dict[str, Any], task: str, rows: Sequence[dict[str, A
             for m in multiples
         ]
     if task == "nbody":
-        present = [k for k in NBODY_TEST_KEYS if any(k in r for r in rows)]
+        present = [k for k in NBODY_TEST_KEYS if any(k in r for r in rows)] or ["pos_mse", "energy_drift"]
         extra = sorted(
             {
                 k
@@ -971,7 +971,8 @@ def write_evidence(
     total = {t: sum(1 for c in cells if c.tier == t) for t in tiers}
     commits = sorted({(r.get("commit", "unknown")[:10], bool(r.get("dirty"))) for r in done.values()})
     lines = [
-        f"Command: `{meta['command']}` — started {meta['date']} — {meta['machine']}. Protocol `{spec.protocol}`; "
+        f"Command: `{meta['command']}` — report rendered {meta['date']} — {meta['machine']}. "
+        f"Protocol `{spec.protocol}`; "
         "commits of the rows: " + (", ".join(f"{c}{' (dirty)' if d else ''}" for c, d in commits) or "none yet") + ".",
         "",
         f"**Progress: {state['done']} of {state['planned']} planned runs done; cells complete: "
@@ -980,7 +981,8 @@ def write_evidence(
         + f"** Plan {meta.get('estimate', '')}.",
         "",
         f"Protocol: every variant and task at lr ∈ {{{', '.join(f'{lr:g}' for lr in spec.lrs)}}} with seed 0 "
-        "(`pct_tuned`: every PCT variant, i.e. also the scale options, at every lr); the setting with the best "
+        "(`pct_tuned`, planned when PCT scale options are listed in ablation_models.VARIANTS: every PCT variant at "
+        "every lr); the setting with the best "
         f"validation metric ({spec.val_examples} examples at the trained length, data seed {VAL_SEED}) is selected "
         f"and trained with seeds 1 .. n-1; test numbers are at the selected setting on {spec.eval_examples} held-out "
         f"examples ({spec.passkey_eval_examples} per needle length; data seed {EVAL_SEED}; training batches come "
