@@ -576,7 +576,7 @@ __all__ = [
 
 # ---- the evidence suite (--size evidence) ------------------------------------------------------------------
 
-# Seed claims, quoted as the seeds state them (/work/shared/seeds 003 and 004 in the team's copy; no ± values there)
+# Seed claims, quoted as the seeds state them (seeds 003 and 004; no ± values there)
 SEED_PCT = (
     "PCT 1.000 vs Softmax Transformer 0.583 on needle-in-a-haystack retrieval at 16K tokens (LRA: 1.000 vs 0.821)"
 )
