@@ -125,7 +125,10 @@ def select(cell: Cell, done: dict[Job, dict[str, Any]], spec: SizeSpec) -> dict[
         value, source = selection_value(row) if row.get("status") == "ok" else (math.nan, "failed")
         if math.isfinite(value):
             candidates.append(((-value if higher else value), order, job, value, source))
-    table = {f"{j[0]}@{j[3]:g}": done[j].get(SELECTION[cell.task][0], done[j].get("status")) for j in stage1}
+    table = {
+        f"{j[0]}@{j[3]:g}": selection_value(done[j])[0] if done[j].get("status") == "ok" else done[j].get("status")
+        for j in stage1
+    }
     if not candidates:
         return {"failed": True, "grid": table}
     _, _, job, value, source = min(candidates)

@@ -597,7 +597,7 @@ EVIDENCE_TABLES = [
         ("baseline", "softmax_srpe", "zpx_full", "pct", "pct_tuned", "versor_hybrid"),
     ),
     (
-        "Same-length needle: trained and tested at 512 tokens",
+        "Same-length needle: trained and tested at one long length (the PCT paper's setting)",
         ("passkey_long",),
         ("baseline", "zpx_full", "pct", "pct_tuned"),
     ),
@@ -1052,8 +1052,11 @@ def write_evidence(
         "### Still needs a GPU",
         "",
         "The seeds' own settings do not fit a 2-core CPU: the 16K-token needle (seed 003), LRA (not implemented "
-        "in this repository), and the full model size. `--size full` holds the full-size budgets (4 layers, "
-        "hidden 128, longer tasks, 3 seeds) and runs with `--device cuda`; it has not been run.",
+        "in this repository), and the full model size. `--size full` is this protocol at that scale: 4 layers, "
+        "the lr grid, 5 headline seeds, the needle trained at 2,048 tokens and tested at 1-8x (to 16,384) and "
+        "trained and tested at 16,384 tokens, MQAR with 12 pairs, N-body on 2,048 training trajectories. Run it "
+        "with `python benchmarks/ablation.py --size full --device cuda --workers 1`; it has not been run (no GPU "
+        "here), so its cost is not measured.",
         "",
     ]
     lines += superseded_markdown(superseded)
