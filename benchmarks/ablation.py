@@ -418,7 +418,13 @@ def run_evidence(args: argparse.Namespace, spec: SizeSpec, stem: Path, meta: dic
         print(f"[{status}] {shown}", flush=True)
         if row.get("status") != "ok":
             print(f"[warning] {row['variant']}/{row['task']} seed {row['seed']} lr {row['lr']}: {row['status']}")
-        render_evidence(stem, spec, cells, widths, meta)
+        try:  # the row is safe in the jsonl; a report error must not stop a five-hour suite
+            render_evidence(stem, spec, cells, widths, meta)
+        except Exception as error:
+            print(
+                f"[warning] the report was not rendered ({type(error).__name__}: {error}); the suite continues, "
+                "rerun with --report once fixed"
+            )
 
     def progress_line(rows: list[dict[str, Any]]) -> str:
         state = ablation_plan.progress(cells, ablation_plan.index_rows(rows, spec), spec)
@@ -520,9 +526,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"[plan] {len(done)} runs already done, {len(todo)} to run", flush=True)
     spent: dict[str, list[float]] = {}
     finished = 0
+    commit = provenance()
 
     def job_dict(variant: str, task: str, seed: int) -> dict[str, Any]:
         job = {"variant": variant, "task": task, "seed": seed, "spec": asdict(spec), "device": args.device}
+        job["commit"] = commit
         job["width"] = widths[f"{variant}/{task}"]
         if variant.endswith(TIME_SUFFIX):
             rows = current_rows(read_rows(stem.with_suffix(".jsonl")), spec)
