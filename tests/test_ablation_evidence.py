@@ -237,3 +237,44 @@ def test_a_tiny_evidence_run_selects_records_provenance_and_reports(tmp_path):
     assert "### Superseded protocols" in text
     ablation.main(argv)  # resume: nothing left to run
     assert len(ablation.read_rows(tmp_path / "ablation_evidence_smoke.jsonl")) == 4
+
+
+def _mqar_rows(variant, accuracies, lr=1e-3):
+    rows = []
+    for seed, acc in enumerate(accuracies):
+        hits = np.zeros((512, 8), bool)
+        hits.reshape(-1)[: round(acc * hits.size)] = True
+        row = _row(variant, "mqar", seed, lr, acc, accuracy=float(hits.mean()))
+        rows.append({**row, **runs.hit_metrics(hits, "", bits=True)})
+    return rows
+
+
+def test_report_verdicts_follow_the_holm_corrected_test(tmp_path):
+    cells = [plan.Cell(v, "mqar", 5, 0) for v in ("baseline", "zpx_full", "softmax_srpe")]
+    rows = _mqar_rows("baseline", [0.90, 0.91, 0.89, 0.90, 0.92])
+    rows += _mqar_rows("zpx_full", [0.97, 0.98, 0.97, 0.99, 0.98])  # far above: better after Holm
+    rows += _mqar_rows("softmax_srpe", [0.88, 0.93, 0.90, 0.91, 0.89])  # overlapping: within noise
+    for v in ("baseline", "zpx_full", "softmax_srpe"):  # the other lrs of stage 1, worse on validation
+        rows += [_row(v, "mqar", 0, lr, 0.1) for lr in (3e-4, 3e-3)]
+    meta = {"command": "c", "date": "d", "machine": "m"}
+    text = report.write_evidence(_done(rows), cells, EVIDENCE, {}, meta, [], None, tmp_path / "e", figures=False)
+    head = report.EVIDENCE_TABLES[0][0]
+    verdicts = json.loads((tmp_path / "e.json").read_text())["verdicts"]
+    better = verdicts[f"{head}|zpx_full|accuracy|mqar"]
+    noise = verdicts[f"{head}|softmax_srpe|accuracy|mqar"]
+    assert better["verdict"] == "better" and better["p_holm"] < 0.05
+    assert noise["verdict"] == "within noise" and noise["p_holm"] >= 0.05
+    # Holm over the table's two comparisons: the smaller p doubled, the larger one at least that
+    raw = sorted(
+        stats.welch(
+            [r["accuracy"] for r in rows if r["variant"] == v and r["lr"] == 1e-3],
+            [r["accuracy"] for r in rows if r["variant"] == "baseline" and r["lr"] == 1e-3],
+        )["p"]
+        for v in ("zpx_full", "softmax_srpe")
+    )
+    assert better["p_holm"] == pytest.approx(min(1.0, 2 * raw[0]))
+    lo, hi = better["ci"]
+    assert lo < 0.076 < hi  # the true gap 0.978 - 0.904
+    assert "| ZPX angle+sphere + centre loss, SRPE | better (Holm p" in text
+    assert "**Progress: 21 of 21 planned runs done" in text  # 3 variants x (3 lrs + 4 seeds)
+    assert "zpx_full @ lr 0.001" in text
