@@ -29,7 +29,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "family": "zpx",
         "config": {"lambda_angle": 1.0, "lambda_sphere": 1.0, "rotary": "srpe", "center_loss_weight": 1e-4},
     },
-    "pct": {"family": "pct", "config": {}},
+    "pct": {"family": "pct", "config": {}},  # the package defaults
+    # PCT score-scale options: the evidence suite's `pct_tuned` cell selects over every PCT entry here (it is
+    # planned once there is one), so an option is one line, e.g.
+    # "pct_tau40": {"family": "pct", "config": {"tau_init": 40.0}},  (3 more runs per task, +4 seeds if chosen)
     "versor_gpa": {"family": "versor", "config": {"mixer": "gpa"}},
     "versor_rra": {"family": "versor", "config": {"mixer": "rra"}},
     "versor_hybrid": {"family": "versor", "config": {"mixer": "hybrid"}},

@@ -1,11 +1,12 @@
 """One ablation run: task data, the training loop and the task's evaluation, for one (variant, task, seed).
 
 Token tasks draw fresh examples every step from `zpx_hf_train.data_tasks` / `zpx_hf_train.data_geometry` (training
-seeds never meet the fixed evaluation seed), so a run is a sample of the task distribution, not a fixed
-training set. Optimiser: AdamW, linear warm-up, then a constant learning rate, gradient clipping 1.0;
-with a constant rate a run of N steps is the first N steps of a longer one, which is what the calibration
-measures. N-body: teacher-forced next-state training on the protocol's trajectories, then an autoregressive
-rollout.
+seeds never meet the fixed test seed EVAL_SEED or the validation seed VAL_SEED), so a run is a sample of the
+task distribution, not a fixed training set. Evaluation keeps every example's answer hits (a hex bitstring in
+the row) for the bootstrap; evidence sizes also record validation curves and flop_counter FLOPs. Optimiser:
+AdamW, linear warm-up, then a constant learning rate, gradient clipping 1.0; with a constant rate a run of
+N steps is the first N steps of a longer one, which is what the calibration measures. N-body: teacher-forced
+next-state training on the protocol's trajectories, then an autoregressive rollout.
 """
 
 from __future__ import annotations
@@ -15,15 +16,19 @@ import json
 import math
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
-from ablation_models import build_model, family_of
+from ablation_models import SequenceRegressor, build_model, family_of
+from ablation_stats import encode_bits
 from measure import clock  # benchmarks/measure.py: the one wall clock of every benchmark
 
-EVAL_SEED = 10_000  # evaluation data is the same for every training seed
+EVAL_SEED = 10_000  # test data: the same for every training seed and variant
+VAL_SEED = 20_000  # validation data (lr selection, curves): its own seed, distinct from test and training seeds
+# a token task's example generator, where the task name is a protocol of another task's data
+GENERATOR = {"passkey_long": "passkey"}
 NBODY = {"bodies": 5, "dim": 3}
 
 
@@ -55,15 +60,27 @@ class SizeSpec:
     passkey_eval_examples: int
     seeds: int
     versor_max_hidden: int | None = None
+    protocol: str = ""  # protocol id recorded in every row (a changed protocol gets a new id)
+    lrs: tuple[float, ...] = ()  # learning-rate grid, selected on validation (empty: the budget's lr only)
+    checkpoints: tuple[float, ...] = ()  # fractions of the step budget at which validation accuracy is recorded
+    val_examples: int = 0  # validation examples (trained length), 0: no validation
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SizeSpec:
         budgets = {task: TaskBudget(**b) for task, b in data["budgets"].items()}
-        return cls(**{**data, "budgets": budgets, "passkey_multiples": tuple(data["passkey_multiples"])})
+        tuples = {k: tuple(data[k]) for k in ("passkey_multiples", "lrs", "checkpoints") if k in data}
+        return cls(**{**data, "budgets": budgets, **tuples})
 
-    def passkey_lengths(self) -> list[int]:
-        length = self.budgets["passkey"].params["length"]
-        return [length * m for m in self.passkey_multiples]
+    def lr_grid(self, task: str) -> tuple[float, ...]:
+        return self.lrs or (self.budgets[task].lr,)
+
+    def multiples(self, task: str) -> tuple[int, ...]:
+        """Evaluated multiples of the trained length: the extrapolation protocol (passkey) or 1x only."""
+        return self.passkey_multiples if task == "passkey" else (1,)
+
+    def passkey_lengths(self, task: str = "passkey") -> list[int]:
+        length = self.budgets[task].params["length"]
+        return [length * m for m in self.multiples(task)]
 
 
 def task_seq_len(task: str, params: dict[str, Any]) -> int:
@@ -74,7 +91,7 @@ def task_seq_len(task: str, params: dict[str, Any]) -> int:
         return 2 + params["num_positions"] + params["num_tokens"]
     if task == "spiral":
         return params["num_points"] + 3
-    if task in ("passkey", "text"):
+    if task in ("passkey", "passkey_long", "text"):
         return params["length"]
     if task == "nbody":
         return params["context"] + params["rollout"]
@@ -85,10 +102,8 @@ def io_shape(task: str, budget: TaskBudget, spec: SizeSpec) -> dict[str, int]:
     """Model input/output shape of a task (`features` for continuous sequences)."""
     if task == "nbody":
         return {"features": 2 * NBODY["bodies"] * NBODY["dim"], "max_pos": task_seq_len(task, budget.params)}
-    max_pos = train_length = task_seq_len(task, budget.params)
-    if task == "passkey":
-        max_pos *= max(spec.passkey_multiples)
-    return {"vocab": 260, "max_pos": max_pos, "train_length": train_length}
+    train_length = task_seq_len(task, budget.params)
+    return {"vocab": 260, "max_pos": train_length * max(spec.multiples(task)), "train_length": train_length}
 
 
 def lm_examples(task: str, num: int, seed: int, params: dict[str, Any], length: int | None = None) -> list[dict]:
@@ -96,6 +111,7 @@ def lm_examples(task: str, num: int, seed: int, params: dict[str, Any], length: 
     from zpx_hf_train.data_geometry import spiral_examples
     from zpx_hf_train.data_tasks import mqar_examples, passkey_examples, selective_copy_examples
 
+    task = GENERATOR.get(task, task)
     if task == "mqar":
         return mqar_examples(num, seed, **params)
     if task == "selective_copy":
@@ -213,23 +229,93 @@ def text_blocks(params: dict[str, Any], heldout: bool) -> list[list[int]]:
     return pack_documents(train_docs, params["length"], params["train_blocks"])
 
 
-def evaluate_lm(model: torch.nn.Module, task: str, spec: SizeSpec, budget: TaskBudget) -> dict[str, float]:
-    """Answer accuracy (token and exact match); passkey at every evaluated length; text: perplexity/byte."""
-    from zpx_hf_train.evaluation import perplexity, task_accuracy
+def answer_hits(model: torch.nn.Module, rows: list[dict[str, Any]], batch_size: int) -> np.ndarray:
+    """[examples, answers] correctness of the greedy next-token prediction at each answer position, the
+    quantity `zpx_hf_train.evaluation.task_accuracy` sums (every example of these tasks has the same number of
+    answer tokens), kept per example so the statistics can resample evaluation examples."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    hits = []
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            batch = as_batch(rows[start : start + batch_size])
+            input_ids = batch["input_ids"].to(device)
+            logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"].to(device)).logits
+            mask = batch["answer_mask"][:, 1:].bool()
+            correct = (logits[:, :-1].argmax(-1).cpu() == input_ids[:, 1:].cpu()) & mask
+            answers = mask.sum(-1)
+            if int(answers.min()) != int(answers.max()) or int(answers.min()) == 0:
+                raise ValueError("answer_hits: examples must have the same, non-zero number of answer tokens.")
+            hits.append(correct[mask].reshape(len(answers), -1).numpy())
+    model.train(was_training)
+    return np.concatenate(hits)
 
+
+def hit_metrics(hits: np.ndarray, prefix: str, bits: bool) -> dict[str, Any]:
+    """Answer accuracy (per answer token), exact match (per example), and optionally the hits as a bitstring."""
+    out: dict[str, Any] = {f"{prefix}accuracy": float(hits.mean()), f"{prefix}exact_match": float(hits.all(-1).mean())}
+    if bits:
+        out[f"{prefix}bits"] = encode_bits(hits.reshape(-1))
+        out[f"{prefix}shape"] = list(hits.shape)
+    return out
+
+
+def evaluate_lm(
+    model: torch.nn.Module, task: str, spec: SizeSpec, budget: TaskBudget, split: str = "test"
+) -> dict[str, Any]:
+    """Answer accuracy (token and exact match) with per-example hits; the needle at every evaluated length;
+    text: perplexity/byte. `split="val"`: the validation set (VAL_SEED, `spec.val_examples`, trained length),
+    keys prefixed `val_`."""
+    from zpx_hf_train.evaluation import perplexity
+
+    val = split == "val"
+    seed, prefix = (VAL_SEED, "val_") if val else (EVAL_SEED, "")
     if task == "text":
-        rows = [{"input_ids": b, "attention_mask": [1] * len(b), "labels": b} for b in text_blocks(budget.params, True)]
-        return {"perplexity": perplexity(model, Rows(rows), batch_size=16)["perplexity"]}
-    if task == "passkey":
+        blocks = text_blocks(budget.params, True)
+        if val:  # the held-out documents' other half: validation blocks never overlap the test blocks
+            blocks = blocks[len(blocks) // 2 :]
+        elif spec.val_examples:
+            blocks = blocks[: len(blocks) // 2]
+        rows = [{"input_ids": b, "attention_mask": [1] * len(b), "labels": b} for b in blocks]
+        return {f"{prefix}perplexity": perplexity(model, Rows(rows), batch_size=16)["perplexity"]}
+    if task in ("passkey", "passkey_long"):
         result = {}
-        for multiple, length in zip(spec.passkey_multiples, spec.passkey_lengths()):
-            rows = lm_examples(task, spec.passkey_eval_examples, EVAL_SEED, budget.params, length=length)
-            metrics = task_accuracy(model, Rows(rows), batch_size=max(1, 4096 // length))
-            result[f"passkey_em@{multiple}x"] = metrics["exact_match"]
-            result[f"passkey_digit_acc@{multiple}x"] = metrics["token_accuracy"]
+        lengths = list(zip(spec.multiples(task), spec.passkey_lengths(task)))
+        for multiple, length in lengths[:1] if val else lengths:
+            num = spec.val_examples if val else spec.passkey_eval_examples
+            rows = lm_examples(task, num, seed, budget.params, length=length)
+            hits = answer_hits(model, rows, batch_size=max(1, 4096 // length))
+            metrics = hit_metrics(hits, "", bits=not val)
+            for key, value in metrics.items():
+                name = {"accuracy": "passkey_digit_acc", "exact_match": "passkey_em"}.get(key, f"passkey_{key}")
+                result[f"{prefix}{name}@{multiple}x"] = value
         return result
-    metrics = task_accuracy(model, Rows(lm_examples(task, spec.eval_examples, EVAL_SEED, budget.params)), 64)
-    return {"accuracy": metrics["token_accuracy"], "exact_match": metrics["exact_match"]}
+    rows = lm_examples(task, spec.val_examples if val else spec.eval_examples, seed, budget.params)
+    return hit_metrics(answer_hits(model, rows, 64), prefix, bits=not val)
+
+
+# the validation metric of a task's lr selection and curves: (key, higher is better)
+SELECTION = {
+    "mqar": ("val_accuracy", True),
+    "selective_copy": ("val_accuracy", True),
+    "spiral": ("val_accuracy", True),
+    "passkey": ("val_passkey_digit_acc@1x", True),
+    "passkey_long": ("val_passkey_digit_acc@1x", True),
+    "text": ("val_perplexity", False),
+    "nbody": ("val_pos_mse", False),
+}
+
+
+def step_flops(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor]) -> int:
+    """FLOPs of one training step (forward + backward of one batch) as counted by torch.utils.flop_counter
+    (matrix products and attention; elementwise ops are not counted); the gradients are discarded."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        loss_fn(0).backward()
+    model.zero_grad(set_to_none=True)
+    return int(counter.get_total_flops())
 
 
 # ---- N-body ---------------------------------------------------------------------------------------
@@ -312,13 +398,43 @@ def run_nbody(model: Any, budget: TaskBudget, seed: int, device: str, seconds: f
 # ---- one job --------------------------------------------------------------------------------------
 
 
+def config_hash(model: torch.nn.Module) -> str:
+    """sha1 of the model config's JSON (`to_json_string`), 12 hex digits: the exact model a row trained."""
+    config = (model.backbone if isinstance(model, SequenceRegressor) else model).config
+    return hashlib.sha1(config.to_json_string().encode()).hexdigest()[:12]
+
+
+def curve_probe(
+    model: torch.nn.Module, task: str, spec: SizeSpec, budget: TaskBudget, curve: list[list[float]]
+) -> tuple[Callable[[int], bool], int]:
+    """(probe, every) for `train_loop`: at each checkpoint step (fractions `spec.checkpoints` of the budget) the
+    validation metric is appended to `curve` as [step, value]; training never stops early."""
+    key = SELECTION[task][0]
+    marks = {max(1, round(f * budget.steps)) for f in spec.checkpoints}
+    every = math.gcd(*marks)
+
+    def probe(step: int) -> bool:
+        if step in marks:
+            curve.append([step, evaluate_lm(model, task, spec, budget, "val")[key]])
+            model.train()
+        return False
+
+    return probe, every
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
-    """One (variant, task, seed) training + evaluation; never raises (errors are recorded in the row)."""
+    """One (variant, task, seed, lr) training + evaluation; never raises (errors are recorded in the row).
+
+    The row carries its provenance: commit and dirty flag (`job["commit"]`), the model config's hash, lr, seed,
+    protocol id and the task budget's fingerprint (lr excluded: the grid is part of the protocol)."""
     torch.set_num_threads(job.get("threads", 1))
     spec = SizeSpec.from_dict(job["spec"])
     task, variant, seed = job["task"], job["variant"], job["seed"]
     budget = spec.budgets[task]
     row: dict[str, Any] = {"variant": variant, "task": task, "seed": seed, "budget": budget.fingerprint()}
+    if job.get("lr") is not None:
+        budget = replace(budget, lr=float(job["lr"]))
+    row.update({"lr": budget.lr, "protocol": spec.protocol, **job.get("commit", {})})
     row.update({k: job["width"][k] for k in ("hidden", "intermediate", "params")})
     start = clock()
     try:
@@ -326,11 +442,23 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         device = job.get("device", "cpu")
         io = io_shape(task, budget, spec)
         model = build_model(variant, job["width"], spec.layers, spec.heads, io).to(device)
+        row["config_hash"] = config_hash(model)
         seconds = job.get("seconds")
         if task == "nbody":
             row.update(run_nbody(model, budget, seed, device, seconds))
         else:
-            row.update(train_loop(model, lm_loss_fn(model, task, budget, seed, device), budget, seconds))
+            loss_fn = lm_loss_fn(model, task, budget, seed, device)
+            row["flops_per_step"] = step_flops(model, loss_fn)
+            curve: list[list[float]] = []
+            probe, every = (None, 0)
+            if spec.checkpoints and spec.val_examples and seconds is None:
+                probe, every = curve_probe(model, task, spec, budget, curve)
+            row.update(train_loop(model, loss_fn, budget, seconds, probe, every))
+            row["train_flops"] = row["flops_per_step"] * row["steps_done"]
+            if spec.val_examples:
+                row.update(evaluate_lm(model, task, spec, budget, "val"))
+                if curve:
+                    row["val_curve"] = curve
             row.update(evaluate_lm(model, task, spec, budget))
         row["status"] = "ok"
     except Exception as error:  # recorded in the results as "not run" with the reason
@@ -343,12 +471,19 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "EVAL_SEED",
+    "GENERATOR",
+    "SELECTION",
+    "VAL_SEED",
+    "answer_hits",
+    "config_hash",
+    "evaluate_lm",
+    "hit_metrics",
+    "step_flops",
     "Rows",
     "SizeSpec",
     "TaskBudget",
     "WALL_CLOCK_STEP_CAP",
     "as_batch",
-    "evaluate_lm",
     "io_shape",
     "lm_examples",
     "lm_loss_fn",

@@ -23,10 +23,12 @@ def _load(name):
 
 
 measure = _load("measure")  # imported by ablation_runs
+stats = _load("ablation_stats")  # imported by ablation_runs
 update_readme = _load("update_readme")
 models = _load("ablation_models")
 report = _load("ablation_report")
 runs_module = _load("ablation_runs")
+plan_module = _load("ablation_plan")  # imported by ablation
 ablation = _load("ablation")
 
 
@@ -271,7 +273,7 @@ def test_wall_clock_matched_training_runs_for_the_seconds_not_the_step_budget():
 
 def test_task_sequence_lengths_fit_generators():
     for spec in ablation.SIZES.values():
-        for task in ("mqar", "selective_copy", "spiral", "passkey"):
+        for task in (t for t in ("mqar", "selective_copy", "spiral", "passkey", "passkey_long") if t in spec.budgets):
             params = spec.budgets[task].params
             length = runs_module.task_seq_len(task, params)
             rows = runs_module.lm_examples(task, 3, 0, params)

@@ -1,0 +1,280 @@
+"""The evidence suite's machinery: statistics against scipy / hand-computed values, the plan (lr selection on
+validation, stage order, resume), per-example hits, provenance, and one tiny end-to-end run."""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name):
+    if name in sys.modules and getattr(sys.modules[name], "__file__", "").startswith(str(BENCH)):
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_load("measure")
+stats = _load("ablation_stats")
+models = _load("ablation_models")
+report = _load("ablation_report")
+runs = _load("ablation_runs")
+plan = _load("ablation_plan")
+ablation = _load("ablation")
+
+EVIDENCE = ablation.SIZES["evidence"]
+
+
+# ---- statistics ------------------------------------------------------------------------------------------
+
+
+def test_welch_matches_hand_computed_values():
+    # a = 1, 2, 3 (mean 2, var 1), b = 4, 6, 8 (mean 6, var 4): t = -4 / sqrt(5/3), df = (5/3)^2 / ((1/9 + 16/9) / 2)
+    result = stats.welch([1.0, 2.0, 3.0], [4.0, 6.0, 8.0])
+    assert result["t"] == pytest.approx(-4 / math.sqrt(5 / 3), rel=1e-12)
+    assert result["df"] == pytest.approx((5 / 3) ** 2 / ((1 / 9 + 16 / 9) / 2), rel=1e-12)
+    # t with 2 df: two-sided p = 1 - |t| / sqrt(2 + t^2) (closed form)
+    assert stats.t_two_sided_p(1.5, 2.0) == pytest.approx(1 - 1.5 / math.sqrt(2 + 1.5**2), rel=1e-10)
+    # t with 1 df is Cauchy: p = 1 - 2 atan(|t|) / pi
+    assert stats.t_two_sided_p(3.0, 1.0) == pytest.approx(1 - 2 * math.atan(3.0) / math.pi, rel=1e-10)
+    assert math.isnan(stats.welch([1.0], [2.0, 3.0])["p"])
+    assert stats.welch([1.0, 1.0], [1.0, 1.0])["p"] == 1.0
+    assert stats.welch([1.0, 1.0], [2.0, 2.0])["p"] == 0.0
+
+
+def test_welch_matches_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(3)
+    for na, nb, shift in [(3, 3, 0.1), (5, 5, 1.0), (5, 2, 3.0), (40, 7, 0.4)]:
+        a, b = rng.normal(0, 1, na), rng.normal(shift, 2, nb)
+        ours, ref = stats.welch(a, b), scipy_stats.ttest_ind(a, b, equal_var=False)
+        assert ours["t"] == pytest.approx(ref.statistic, rel=1e-10)
+        assert ours["p"] == pytest.approx(ref.pvalue, rel=1e-8)
+
+
+def test_holm_by_hand():
+    # sorted 0.01, 0.02, 0.04 (x3, x2, x1) -> 0.03, 0.04, 0.04 (monotone); nan is left out of m
+    assert stats.holm([0.04, 0.01, math.nan, 0.02]) == pytest.approx([0.04, 0.03, math.nan, 0.04], nan_ok=True)
+    assert stats.holm([0.5, 0.6]) == [1.0, 1.0]
+    assert stats.verdict_word(0.1, 0.01, True) == "better"
+    assert stats.verdict_word(0.1, 0.01, False) == "worse"
+    assert stats.verdict_word(0.1, 0.2, True) == "within noise"
+
+
+def test_bits_round_trip_and_bootstrap_interval():
+    hits = np.random.default_rng(0).random((37, 3)) > 0.4
+    assert (stats.decode_bits(stats.encode_bits(hits.reshape(-1)), hits.size).reshape(37, 3) == hits).all()
+    a = [np.ones((200, 2)), np.ones((200, 2))]
+    b = [np.zeros((200, 2)), np.zeros((200, 2))]
+    assert stats.bootstrap_diff(a, b, samples=50) == (1.0, 1.0)
+    rng = np.random.default_rng(1)
+    a = [rng.random((300, 1)) < 0.7 for _ in range(3)]
+    b = [rng.random((300, 1)) < 0.5 for _ in range(3)]
+    lo, hi = stats.bootstrap_diff(a, b, samples=400)
+    assert lo < 0.2 < hi and hi - lo < 0.15  # true gap 0.2; ~900 examples per side
+    with pytest.raises(ValueError, match="shapes differ"):
+        stats.bootstrap_diff([np.ones((3, 1))], [np.ones((4, 1))])
+
+
+# ---- the plan ---------------------------------------------------------------------------------------------
+
+
+def _row(variant, task, seed, lr, value, status="ok", **extra):
+    key = runs.SELECTION[task][0]
+    row = {"variant": variant, "task": task, "seed": seed, "lr": lr, "status": status, "protocol": EVIDENCE.protocol}
+    row["budget"] = EVIDENCE.budgets[task].fingerprint()
+    if value is not None:
+        row[key] = value
+    return {**row, **extra}
+
+
+def _done(rows):
+    return plan.index_rows(rows, EVIDENCE)
+
+
+def test_stage_one_then_selection_on_validation_then_the_other_seeds():
+    cell = plan.Cell("baseline", "mqar", 5, 0)
+    assert plan.cell_jobs(cell, {}, EVIDENCE) == [(1, ("baseline", "mqar", 0, lr)) for lr in EVIDENCE.lrs]
+    rows = [_row("baseline", "mqar", 0, 3e-4, 0.5), _row("baseline", "mqar", 0, 1e-3, 0.9)]
+    assert plan.select(cell, _done(rows), EVIDENCE) is None  # a stage-1 run is missing
+    # the test accuracy of the 3e-3 run is higher, but selection reads validation only
+    rows.append(_row("baseline", "mqar", 0, 3e-3, 0.8, accuracy=0.99))
+    chosen = plan.select(cell, _done(rows), EVIDENCE)
+    assert (chosen["variant"], chosen["lr"], chosen["source"]) == ("baseline", 1e-3, "val")
+    jobs = plan.runnable([cell], _done(rows), EVIDENCE)
+    assert jobs == [("baseline", "mqar", s, 1e-3) for s in range(1, 5)]
+    rows += [_row("baseline", "mqar", s, 1e-3, 0.9, accuracy=0.9) for s in range(1, 5)]
+    assert plan.runnable([cell], _done(rows), EVIDENCE) == []
+    assert [r["seed"] for r in plan.cell_seed_rows(cell, _done(rows), EVIDENCE)] == [0, 1, 2, 3, 4]  # seed 0 reused
+
+
+def test_lower_is_better_failed_runs_excluded_and_nbody_falls_back_to_test_loudly():
+    cell = plan.Cell("baseline", "nbody", 5, 0)
+    rows = [
+        _row("baseline", "nbody", 0, 3e-4, 0.02),
+        _row("baseline", "nbody", 0, 1e-3, 0.01),
+        _row("baseline", "nbody", 0, 3e-3, None, status="failed: FloatingPointError: nan"),
+    ]
+    assert plan.select(cell, _done(rows), EVIDENCE)["lr"] == 1e-3
+    # a protocol without a validation split: only the test metric
+    old = [{**{k: v for k, v in r.items() if k != "val_pos_mse"}, "position_mse": r["val_pos_mse"]} for r in rows[:2]]
+    old += rows[2:]
+    chosen = plan.select(cell, _done(old), EVIDENCE)
+    assert chosen["source"] == "test" and chosen["lr"] == 1e-3
+    every_failed = [_row("baseline", "nbody", 0, lr, None, status="failed: x") for lr in EVIDENCE.lrs]
+    assert plan.select(cell, _done(every_failed), EVIDENCE)["failed"] is True
+    assert plan.runnable([cell], _done(every_failed), EVIDENCE) == []
+
+
+def test_pct_tuned_selects_over_scale_options_and_shares_runs_with_pct(monkeypatch):
+    assert "pct_tuned" not in {c.name for c in plan.evidence_cells(["passkey"])} or len(plan.members("pct_tuned")) > 1
+    # a scale option is one VARIANTS line
+    monkeypatch.setitem(models.VARIANTS, "pct_tau_learnable", {"family": "pct", "config": {"tau": "learnable"}})
+    assert "pct_tuned" in {c.name for c in plan.evidence_cells(["passkey"])}
+    members = plan.members("pct_tuned")
+    assert members[0] == "pct" and "pct_tau_learnable" in members
+    assert set(members) == {v for v, e in models.VARIANTS.items() if e["family"] == "pct"}
+    cells = [plan.Cell("pct", "passkey", 5, 0), plan.Cell("pct_tuned", "passkey", 5, 0)]
+    jobs = plan.runnable(cells, {}, EVIDENCE)
+    assert len(jobs) == len(set(jobs)) == 3 * len(members)  # pct's runs are not duplicated
+    rows = [_row(m, "passkey", 0, lr, 0.1) for m in members for lr in EVIDENCE.lrs]
+    rows[-1] = _row(members[-1], "passkey", 0, EVIDENCE.lrs[-1], 0.95)
+    chosen = plan.select(cells[1], _done(rows), EVIDENCE)
+    assert (chosen["variant"], chosen["lr"]) == (members[-1], EVIDENCE.lrs[-1])
+    assert plan.select(cells[0], _done(rows), EVIDENCE)["variant"] == "pct"
+
+
+def test_headline_cells_run_first_and_stage_two_before_later_stage_one():
+    cells = plan.evidence_cells(list(EVIDENCE.budgets))
+    assert {c.task for c in cells if c.tier == 0} == set(plan.HEADLINE_TASKS)
+    assert all(c.seeds == 5 for c in cells if c.tier == 0)
+    assert [c.tier for c in cells] == sorted(c.tier for c in cells)
+    assert {c.name for c in cells if c.task == "mqar"} >= {"zpx_angle", "zpx_angle_sphere", "zpx_center", "zpx_full"}
+    first = plan.runnable(cells, {}, EVIDENCE)
+    assert first[0] == ("baseline", "mqar", 0, 3e-4) and all(j[2] == 0 for j in first)
+    rows = [_row("baseline", "mqar", 0, lr, 0.9) for lr in EVIDENCE.lrs]
+    nxt = plan.runnable(cells, _done(rows), EVIDENCE)
+    assert nxt[:4] == [("baseline", "mqar", s, 3e-4) for s in range(1, 5)]
+
+
+def test_resume_ignores_rows_of_another_protocol_or_budget(tmp_path):
+    rows = [
+        _row("baseline", "mqar", 0, 3e-4, 0.9),
+        {**_row("baseline", "mqar", 0, 1e-3, 0.9), "protocol": "evidence-v0"},
+        {**_row("baseline", "mqar", 0, 3e-3, 0.9), "budget": "old"},
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + '\n{"cut')
+    assert list(_done(ablation.read_rows(path))) == [("baseline", "mqar", 0, 3e-4)]
+
+
+def test_estimate_counts_shared_runs_once_and_is_within_the_cpu_budget_for_the_headline():
+    cells = plan.evidence_cells(list(EVIDENCE.budgets))
+    jobs = plan.planned_jobs(cells, EVIDENCE)
+    assert len(jobs) == len({(c.name, c.task, s, m, lr) for c, s, m, lr in jobs})
+    # pct's stage-1 runs serve both the `pct` and the `pct_tuned` cells
+    pct_stage1 = [j for j in jobs if j[0].task == "mqar" and j[2] == "pct"]
+    assert len(pct_stage1) == len(EVIDENCE.lrs)
+    hours = plan.estimate(cells, EVIDENCE, {}, workers=2)
+    assert 0 < hours["tier 0"] < 5 and hours["total"] == pytest.approx(sum(v for k, v in hours.items() if k != "total"))
+
+
+# ---- runs: hits, provenance ---------------------------------------------------------------------------------
+
+
+def test_answer_hits_agree_with_task_accuracy():
+    import torch
+
+    from zpx_hf_train.evaluation import task_accuracy
+
+    spec = ablation.SIZES["evidence_smoke"]
+    io = runs.io_shape("mqar", spec.budgets["mqar"], spec)
+    width = models.baseline_width(spec.hidden)
+    torch.manual_seed(0)
+    model = models.build_model("baseline", width, spec.layers, spec.heads, io)
+    rows = runs.lm_examples("mqar", 24, 5, spec.budgets["mqar"].params)
+    hits = runs.answer_hits(model, rows, 7)
+    reference = task_accuracy(model, runs.Rows(rows), 7)
+    assert hits.shape == (24, spec.budgets["mqar"].params["num_pairs"])
+    assert hits.mean() == pytest.approx(reference["token_accuracy"], abs=1e-12)
+    assert hits.all(-1).mean() == pytest.approx(reference["exact_match"], abs=1e-12)
+    metrics = runs.hit_metrics(hits, "", bits=True)
+    assert (stats.decode_bits(metrics["bits"], hits.size).reshape(metrics["shape"]) == hits).all()
+
+
+def test_provenance_reads_the_commit():
+    info = ablation.provenance()
+    assert len(info["commit"]) == 40 or info["commit"] == "unknown"
+    assert isinstance(info["dirty"], bool)
+
+
+@pytest.mark.slow
+def test_a_tiny_evidence_run_selects_records_provenance_and_reports(tmp_path):
+    argv = ["--size", "evidence_smoke", "--tasks", "mqar", "--variants", "baseline", "--output", str(tmp_path)]
+    ablation.main(argv)
+    rows = ablation.read_rows(tmp_path / "ablation_evidence_smoke.jsonl")
+    assert len(rows) == 3 + 1  # seed 0 at three lrs, then seed 1 at the selected one
+    assert {r["lr"] for r in rows[:3]} == set(ablation.SIZES["evidence_smoke"].lrs)
+    for r in rows:
+        assert r["status"] == "ok", r.get("traceback")
+        assert {"commit", "dirty", "config_hash", "protocol", "budget", "lr", "seed", "flops_per_step"} <= set(r)
+        assert [s for s, _ in r["val_curve"]] == [4, 8, 16]
+        assert r["train_flops"] == r["flops_per_step"] * 16
+    best = max(rows[:3], key=lambda r: (r["val_accuracy"], -rows.index(r)))
+    assert rows[3]["lr"] == best["lr"] and rows[3]["seed"] == 1
+    assert len({r["config_hash"] for r in rows}) == 1
+    text = (tmp_path / "ablation_evidence_smoke.md").read_text()
+    assert "**Progress: 4 of 4 planned runs done" in text
+    assert "### Superseded protocols" in text
+    ablation.main(argv)  # resume: nothing left to run
+    assert len(ablation.read_rows(tmp_path / "ablation_evidence_smoke.jsonl")) == 4
+
+
+def _mqar_rows(variant, accuracies, lr=1e-3):
+    rows = []
+    for seed, acc in enumerate(accuracies):
+        hits = np.zeros((512, 8), bool)
+        hits.reshape(-1)[: round(acc * hits.size)] = True
+        row = _row(variant, "mqar", seed, lr, acc, accuracy=float(hits.mean()))
+        rows.append({**row, **runs.hit_metrics(hits, "", bits=True)})
+    return rows
+
+
+def test_report_verdicts_follow_the_holm_corrected_test(tmp_path):
+    cells = [plan.Cell(v, "mqar", 5, 0) for v in ("baseline", "zpx_full", "softmax_srpe")]
+    rows = _mqar_rows("baseline", [0.90, 0.91, 0.89, 0.90, 0.92])
+    rows += _mqar_rows("zpx_full", [0.97, 0.98, 0.97, 0.99, 0.98])  # far above: better after Holm
+    rows += _mqar_rows("softmax_srpe", [0.88, 0.93, 0.90, 0.91, 0.89])  # overlapping: within noise
+    for v in ("baseline", "zpx_full", "softmax_srpe"):  # the other lrs of stage 1, worse on validation
+        rows += [_row(v, "mqar", 0, lr, 0.1) for lr in (3e-4, 3e-3)]
+    meta = {"command": "c", "date": "d", "machine": "m"}
+    text = report.write_evidence(_done(rows), cells, EVIDENCE, {}, meta, [], None, tmp_path / "e", figures=False)
+    head = report.EVIDENCE_TABLES[0][0]
+    verdicts = json.loads((tmp_path / "e.json").read_text())["verdicts"]
+    better = verdicts[f"{head}|zpx_full|accuracy|mqar"]
+    noise = verdicts[f"{head}|softmax_srpe|accuracy|mqar"]
+    assert better["verdict"] == "better" and better["p_holm"] < 0.05
+    assert noise["verdict"] == "within noise" and noise["p_holm"] >= 0.05
+    # Holm over the table's two comparisons: the smaller p doubled, the larger one at least that
+    raw = sorted(
+        stats.welch(
+            [r["accuracy"] for r in rows if r["variant"] == v and r["lr"] == 1e-3],
+            [r["accuracy"] for r in rows if r["variant"] == "baseline" and r["lr"] == 1e-3],
+        )["p"]
+        for v in ("zpx_full", "softmax_srpe")
+    )
+    assert better["p_holm"] == pytest.approx(min(1.0, 2 * raw[0]))
+    lo, hi = better["ci"]
+    assert lo < 0.076 < hi  # the true gap 0.978 - 0.904
+    assert "| ZPX angle+sphere + centre loss, SRPE | better (Holm p" in text
+    assert "**Progress: 21 of 21 planned runs done" in text  # 3 variants x (3 lrs + 4 seeds)
+    assert "zpx_full @ lr 0.001" in text
