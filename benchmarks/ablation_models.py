@@ -30,9 +30,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "config": {"lambda_angle": 1.0, "lambda_sphere": 1.0, "rotary": "srpe", "center_loss_weight": 1e-4},
     },
     "pct": {"family": "pct", "config": {}},  # the package defaults
-    # PCT score-scale options: the evidence suite's `pct_tuned` cell selects over every PCT entry here (it is
-    # planned once there is one), so an option is one line, e.g.
-    # "pct_tau40": {"family": "pct", "config": {"tau_init": 40.0}},  (3 more runs per task, +4 seeds if chosen)
+    # PCT score-scale options: the evidence suite's `pct_tuned` cell selects over every PCT entry here, so an
+    # option is one line (3 more runs per task, +4 seeds if chosen). The fixed tau = sqrt(d) is the scale of
+    # the defaults before issue 21 (its gate bias now also from the training length)
+    "pct_tau_sqrt_d": {"family": "pct", "config": {"tau": "sqrt_d"}},
     "versor_gpa": {"family": "versor", "config": {"mixer": "gpa"}},
     "versor_rra": {"family": "versor", "config": {"mixer": "rra"}},
     "versor_hybrid": {"family": "versor", "config": {"mixer": "hybrid"}},
