@@ -1,6 +1,7 @@
-"""What the README says each client needs where zpx_hf is not installed (remote-code checkpoints): PEFT with the
-family's targets written out, TRL's DPO with `trust_remote_code=True` (it rebuilds the reference model from the
-policy's path). Runs in a fresh Python that cannot import zpx_hf."""
+"""What the README says each client needs where zpx_hf is not installed (remote-code checkpoints): the tokenizer with
+`trust_remote_code=False` (or True) and no prompt, PEFT with the family's targets written out, TRL's DPO with
+`trust_remote_code=True` (it rebuilds the reference model from the policy's path). Runs in a fresh Python that
+cannot import zpx_hf."""
 
 from __future__ import annotations
 
@@ -16,9 +17,7 @@ from conftest import make_tiny_config
 from transformers import AutoModelForCausalLM
 
 import zpx_hf  # noqa: F401
-from zpx_hf.tokenization_bytes import VOCAB_SIZE, build_byte_tokenizer
-
-pytest.importorskip("peft")
+from zpx_hf.tokenization_bytes import BOS_ID, VOCAB_SIZE, build_byte_tokenizer, text_to_ids
 
 # the README's table, "Where zpx_hf is not installed"
 README_LORA_TARGETS = {
@@ -26,6 +25,91 @@ README_LORA_TARGETS = {
     "pct": ["q_proj.real", "q_proj.imag", "v_proj.real", "v_proj.imag"],
 }
 README_IA3_FEEDFORWARD = {"zpx": ["down_proj"], "pct": ["down_proj.real", "down_proj.imag"]}
+
+TEXT = "geometric attention"
+
+# Every way to load the tokenizer, with the code that does it; `input` records any prompt instead of waiting for one.
+_TOKENIZER_SCRIPT = textwrap.dedent(
+    """
+    import builtins, json, sys
+    sys.modules["zpx_hf"] = None  # the package cannot be imported here
+    prompts = []
+
+    def no_answer(prompt=""):
+        prompts.append(prompt)
+        raise EOFError  # what a closed stdin gives; transformers then falls back as it does after its timeout
+
+    builtins.input = no_answer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    text, report = sys.argv[1], {}
+    for path in sys.argv[2:]:
+        for name, load in (
+            ("auto_plain", lambda: AutoTokenizer.from_pretrained(path)),
+            ("auto_no_remote_code", lambda: AutoTokenizer.from_pretrained(path, trust_remote_code=False)),
+            ("auto_no_remote_code_bos",
+             lambda: AutoTokenizer.from_pretrained(path, trust_remote_code=False, add_bos_token=True)),
+            ("auto_remote_code", lambda: AutoTokenizer.from_pretrained(path, trust_remote_code=True)),
+            ("fast", lambda: PreTrainedTokenizerFast.from_pretrained(path)),
+        ):
+            del prompts[:]
+            modules = set(sys.modules)
+            tokenizer = load()
+            report[path + ":" + name] = {
+                "ids": tokenizer(text)["input_ids"],
+                "add_bos_token": tokenizer.add_bos_token,
+                "fast": tokenizer.is_fast,
+                "prompted": bool(prompts),
+                "ran_remote_code": any(m.startswith("transformers_modules") for m in set(sys.modules) - modules),
+            }
+    print("REPORT=" + json.dumps(report))
+    """
+)
+
+
+def fresh_python(tmp_path, script: str, *arguments: str, timeout: int = 600) -> dict:
+    """Run `script` where zpx_hf cannot be imported, stdin closed; its `REPORT=` line as a dict."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"), TRANSFORMERS_VERBOSITY="error")
+    completed = subprocess.run(
+        [sys.executable, "-c", script, *arguments],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "[y/N]" not in completed.stdout + completed.stderr  # the patched `input` prints nothing
+    line = next(line for line in completed.stdout.splitlines() if line.startswith("REPORT="))
+    return json.loads(line.removeprefix("REPORT="))
+
+
+def test_tokenizer_loads_without_the_package_with_the_readme_argument_and_no_prompt(tmp_path):
+    paths = []
+    for case in ("zpx", "pct", "versor-hybrid"):
+        torch.manual_seed(0)
+        path = tmp_path / case
+        AutoModelForCausalLM.from_config(make_tiny_config(case, vocab_size=VOCAB_SIZE)).save_pretrained(path)
+        build_byte_tokenizer().save_pretrained(path)
+        assert "auto_map" in json.loads((path / "config.json").read_text())  # remote-code model beside it
+        assert json.loads((path / "tokenizer_config.json").read_text())["tokenizer_class"] == "TokenizersBackend"
+        paths.append(str(path))
+    report = fresh_python(tmp_path, _TOKENIZER_SCRIPT, TEXT, *paths)
+    for path in paths:
+        loads = {name: report[f"{path}:{name}"] for name in ("auto_no_remote_code", "auto_remote_code", "fast")}
+        for name, loaded in loads.items():
+            assert not loaded["prompted"], name
+            assert loaded["fast"] and loaded["add_bos_token"] is False and loaded["ids"] == text_to_ids(TEXT), name
+        assert not loads["auto_no_remote_code"]["ran_remote_code"]  # the tokenizer itself is a plain tokenizer.json
+        with_bos = report[f"{path}:auto_no_remote_code_bos"]
+        assert with_bos["add_bos_token"] is True and with_bos["ids"] == [BOS_ID, *text_to_ids(TEXT)]
+        # why the README names the argument: AutoTokenizer reads config.json (through AutoConfig) before
+        # tokenizer_config.json, and for an unregistered model_type with an auto_map transformers asks [y/N];
+        # no file next to the tokenizer changes that (if this starts failing, transformers stopped asking)
+        plain = report[f"{path}:auto_plain"]
+        assert plain["prompted"] and plain["ids"] == text_to_ids(TEXT)
+
 
 _SCRIPT = textwrap.dedent(
     """
@@ -74,12 +158,11 @@ _SCRIPT = textwrap.dedent(
 
 
 def run_without_package(tmp_path, case: str, dpo: bool) -> dict:
+    pytest.importorskip("peft")
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(make_tiny_config(case, vocab_size=VOCAB_SIZE))
     model.save_pretrained(tmp_path / "ckpt")
     build_byte_tokenizer().save_pretrained(tmp_path / "ckpt")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"), TRANSFORMERS_VERBOSITY="error")
     arguments = [
         str(tmp_path / "ckpt"),
         json.dumps(README_LORA_TARGETS[case]),
@@ -87,18 +170,7 @@ def run_without_package(tmp_path, case: str, dpo: bool) -> dict:
     ]
     if dpo:
         arguments.append(str(tmp_path / "dpo"))
-    completed = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, *arguments],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    line = next(line for line in completed.stdout.splitlines() if line.startswith("REPORT="))
-    return json.loads(line.removeprefix("REPORT="))
+    return fresh_python(tmp_path, _SCRIPT, *arguments)
 
 
 @pytest.mark.slow
