@@ -26,7 +26,9 @@ def input_device(model: torch.nn.Module) -> torch.device:
     """Where a batch must go: the device the input embedding runs on, not where the first parameter sits (under
     accelerate's CPU/disk offload the weights wait on the meta device and a hook runs each module on its
     execution device). With an `hf_device_map`, transformers' rule (`Trainer`): the embedding's own accelerator,
-    else the map's first accelerator, else the CPU."""
+    else the map's first accelerator, else the CPU. A module without `get_input_embeddings`: its first parameter's."""
+    if not hasattr(model, "get_input_embeddings"):
+        return next(model.parameters()).device
     embeddings = model.get_input_embeddings()
     device_map = getattr(model, "hf_device_map", None)
     if device_map:
