@@ -8,7 +8,12 @@ written as [BOS, bytes...]: lm-eval scores every byte once after its own BOS pre
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -89,3 +94,48 @@ def test_lm_eval_rolling_loglikelihood_equals_the_ablation_text_metric(case):
     tolerance = 1e-5
     assert math.isclose(metrics["bits_per_byte,none"], expected["bits_per_byte"], rel_tol=tolerance)
     assert math.isclose(metrics["byte_perplexity,none"], expected["perplexity"], rel_tol=tolerance)
+
+
+README_ARGUMENTS = (  # the README's recipe, "lm-evaluation-harness", with a checkpoint folder, --limit and an output
+    "--model hf --model_args pretrained={ckpt},trust_remote_code=True,max_length=2048 "
+    "--include_path benchmarks/lm_eval_tasks --tasks zpx_pydoc --batch_size 1 --limit {limit} --output_path {out}"
+)
+# the `lm_eval` console command's own entry point, once per checkpoint in one process (its imports paid once)
+_RUN_COMMANDS = textwrap.dedent(
+    """
+    import sys
+    from lm_eval.__main__ import cli_evaluate
+    for arguments in sys.argv[1:]:
+        sys.argv = ["lm_eval", *arguments.split()]
+        cli_evaluate()
+    """
+)
+FAMILY_CASES = ("zpx", "pct", "versor-hybrid")
+
+
+@pytest.mark.slow
+def test_readme_lm_eval_command_on_saved_checkpoints_of_every_family(tmp_path):
+    # the recipe as a user runs it: the lm_eval command, model and tokenizer loaded from each checkpoint folder
+    models, commands = {}, []
+    for case in FAMILY_CASES:
+        models[case] = causal_lm(case)
+        models[case].save_pretrained(tmp_path / case)
+        build_byte_tokenizer(model_max_length=MAX_LENGTH).save_pretrained(tmp_path / case)
+        commands.append(README_ARGUMENTS.format(ckpt=tmp_path / case, limit=DOCUMENTS, out=tmp_path / "out" / case))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    completed = subprocess.run(
+        [sys.executable, "-c", _RUN_COMMANDS, *commands],
+        cwd=TASKS.parents[1],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    documents = heldout_documents()
+    for case, model in models.items():
+        (results_file,) = (tmp_path / "out" / case).rglob("results_*.json")
+        metrics = json.loads(results_file.read_text())["results"]["zpx_pydoc"]
+        expected = ablation_metric(model, documents)
+        assert math.isclose(metrics["bits_per_byte,none"], expected["bits_per_byte"], rel_tol=1e-5), case

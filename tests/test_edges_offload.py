@@ -71,3 +71,52 @@ def test_accelerate_offload_helpers_match_the_plain_model(case, how, tmp_path):
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     torch.testing.assert_close(logits, expected, rtol=0, atol=TOLERANCE)
+
+
+def heldout_rows() -> dict[str, list[list[int]]]:
+    ids = torch.randint(3, TINY_VOCAB, (3, 9), generator=torch.Generator().manual_seed(3))
+    answer_mask = torch.zeros_like(ids)
+    answer_mask[:, 5:] = 1
+    return {
+        "input_ids": ids.tolist(),
+        "attention_mask": torch.ones_like(ids).tolist(),
+        "labels": ids.tolist(),
+        "answer_mask": answer_mask.tolist(),
+    }
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("how", ["from_pretrained_disk", "disk_offload"])
+def test_evaluation_sends_batches_to_the_execution_device_of_an_offloaded_model(case, how, tmp_path):
+    # the first parameter of an offloaded model is on the meta device; batches sent there cannot run
+    datasets = pytest.importorskip("datasets")
+    from zpx_hf_train.evaluation import input_device, perplexity, task_accuracy
+
+    rows = datasets.Dataset.from_dict(heldout_rows())
+    model = tiny_model(case)
+    expected = perplexity(model, rows, batch_size=2), task_accuracy(model, rows, batch_size=2)
+    if how == "disk_offload":
+        accelerate.disk_offload(model, tmp_path / "offload", execution_device=torch.device("cpu"))
+    else:
+        model.save_pretrained(tmp_path / "ckpt")
+        model = AutoModelForCausalLM.from_pretrained(
+            tmp_path / "ckpt", device_map={"": "disk"}, offload_folder=tmp_path / "offload", dtype=torch.float64
+        )
+    assert_parameters_offloaded(model)
+    assert next(model.parameters()).device.type == "meta" and input_device(model) == torch.device("cpu")
+    heldout, tasks = perplexity(model, rows, batch_size=2), task_accuracy(model, rows, batch_size=2)
+    assert heldout["tokens"] == expected[0]["tokens"] == 3 * 8
+    assert heldout["loss"] == pytest.approx(expected[0]["loss"], rel=TOLERANCE)
+    assert tasks == expected[1]
+
+
+def test_input_device_follows_the_device_map_as_transformers_does():
+    from zpx_hf_train.evaluation import input_device
+
+    model = tiny_model("zpx")
+    model.hf_device_map = {"model.embed_tokens": "cpu", "model.layers": "disk", "lm_head": "cpu"}
+    assert input_device(model) == torch.device("cpu")
+    model.hf_device_map = {"model.embed_tokens": "disk", "model.layers.0": "cuda:1", "model.layers.1": "cuda:0"}
+    assert input_device(model) == torch.device("cuda:1")  # offloaded embedding: it runs on the map's first accelerator
+    model.hf_device_map = {"model.layers": "cuda:0", "model": "cuda:1"}
+    assert input_device(model) == torch.device("cuda:1")  # the most specific entry that holds the embedding

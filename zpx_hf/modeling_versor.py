@@ -435,22 +435,6 @@ class VersorPreTrainedModel(GeometricPreTrainedModel):
         # generate must not build a DynamicCache: the model creates its own VersorCache
         return False
 
-    def forward_is_compiled(self) -> bool:
-        """Whether calls go through `torch.compile` (`model.compile()` or `model.forward = torch.compile(...)`)."""
-        return self._compiled_call_impl is not None or hasattr(self.forward, "_torchdynamo_orig_callable")
-
-    def _prepare_cache_for_generation(self, generation_config: Any, *args: Any, **kwargs: Any) -> Any:
-        # Without compile, a static-cache request is ignored with transformers' warning (the VersorCache gives the
-        # same tokens); with compile it would recompile on every step instead of once, so it is refused.
-        if generation_config.cache_implementation == "static" and self.forward_is_compiled():
-            raise ValueError(
-                "cache_implementation='static' with a compiled forward is not available for Versor: it has no "
-                "static cache (its VersorCache grows GPA keys by one token per step; RRA keeps a fixed rotor "
-                "state), so the compiled step would recompile per token instead of once; generate eagerly, or "
-                "without cache_implementation='static'."
-            )
-        return super()._prepare_cache_for_generation(generation_config, *args, **kwargs)
-
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
         std = self.config.initializer_range

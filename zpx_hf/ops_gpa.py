@@ -154,6 +154,11 @@ def resolve_gpa_kernel(kernel: str, query: torch.Tensor, bivector: bool) -> str:
             return "scalar_sdpa"
         if torch.compiler.is_exporting():  # cpu chunks loop over the length; naive traces once
             return "naive"
+        if torch.compiler.is_compiling() and query.shape[-2] == 1:
+            # a compiled decode step: the cpu chunks' Python loop over the keys would specialise the graph to the
+            # cache length (one recompile per token); one query's naive form is O(Lk) memory too, and is the path
+            # the CPU tests compile (the Triton launch under a dynamic key length is untested)
+            return "naive"
         return "triton" if HAS_TRITON and query.is_cuda else "cpu"
     if kernel not in GPA_KERNELS:
         raise ValueError(f"kernel={kernel!r} is unknown; use 'auto' or one of {list(GPA_KERNELS)}.")

@@ -22,12 +22,38 @@ def _batches(dataset: Any, batch_size: int) -> Iterable[dict[str, torch.Tensor]]
         yield {key: torch.tensor(rows[key]) for key in columns if key in rows}
 
 
+def input_device(model: torch.nn.Module) -> torch.device:
+    """Where a batch must go: the device the input embedding runs on, not where the first parameter sits (under
+    accelerate's CPU/disk offload the weights wait on the meta device and a hook runs each module on its
+    execution device). With an `hf_device_map`, transformers' rule (`Trainer`): the embedding's own accelerator,
+    else the map's first accelerator, else the CPU. A module without `get_input_embeddings`: its first parameter's."""
+    if not hasattr(model, "get_input_embeddings"):
+        return next(model.parameters()).device
+    embeddings = model.get_input_embeddings()
+    device_map = getattr(model, "hf_device_map", None)
+    if device_map:
+        name = next(name for name, module in model.named_modules() if module is embeddings)
+        placed = sorted(  # the map's entries that hold the embedding, most specific first
+            (prefix for prefix in device_map if prefix in ("", name) or name.startswith(prefix + ".")), key=len
+        )[::-1]
+        candidates = [device_map[prefix] for prefix in placed] + list(device_map.values())
+        accelerators = [device for device in candidates if device not in ("cpu", "disk")]
+        return torch.device(accelerators[0]) if accelerators else torch.device("cpu")
+    # accelerate's cpu_offload / disk_offload helpers (no device map): the hook's execution device
+    hooks = [getattr(embeddings, "_hf_hook", None)]
+    hooks += list(getattr(hooks[0], "hooks", ()))  # a SequentialHook holds several
+    for hook in hooks:
+        if getattr(hook, "execution_device", None) is not None:
+            return torch.device(hook.execution_device)
+    return embeddings.weight.device
+
+
 @torch.no_grad()
 def perplexity(model: torch.nn.Module, dataset: Any, batch_size: int = 32) -> dict[str, float]:
     """Held-out LM metrics over a dataset with `input_ids`, `labels` (and optionally `attention_mask`)."""
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
+    device = input_device(model)
     total_nll, total_tokens = 0.0, 0
     for batch in _batches(dataset, batch_size):
         mask = batch.get("attention_mask")
@@ -55,7 +81,7 @@ def task_accuracy(model: torch.nn.Module, dataset: Any, batch_size: int = 32) ->
     """Token accuracy and exact match on the answer positions of a synthetic-task dataset."""
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
+    device = input_device(model)
     correct_tokens = answer_tokens = correct_examples = examples = 0
     for batch in _batches(dataset, batch_size):
         input_ids = batch["input_ids"].to(device)
@@ -86,4 +112,4 @@ def evaluate_model(
     return metrics
 
 
-__all__ = ["evaluate_model", "perplexity", "task_accuracy"]
+__all__ = ["evaluate_model", "input_device", "perplexity", "task_accuracy"]

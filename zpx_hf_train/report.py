@@ -31,7 +31,7 @@ Load it with `trust_remote_code=True` (the modelling code ships with the checkpo
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
 model = AutoModelForCausalLM.from_pretrained("${repo_id}", trust_remote_code=True)
-tokenizer = AutoTokenizer.from_pretrained("${repo_id}")
+tokenizer = AutoTokenizer.from_pretrained("${repo_id}", trust_remote_code=True)  # else transformers asks [y/N]
 ```
 
 ## Configuration
