@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from ablation_models import VARIANTS, base_variant, family_of, match_width
+from ablation_nbody import NBODY_PROTOCOL
 from ablation_report import TIME_SUFFIX, write_outputs
 from ablation_runs import SizeSpec, TaskBudget, io_shape, nbody_reference, run_job
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TASKS = ("mqar", "passkey", "selective_copy", "spiral", "text", "nbody")
-NBODY_PROTOCOL = {"context": 10, "rollout": 50, "train_length": 100, "train_trajectories": 200, "eval_trajectories": 20}
 
 
 def _budgets(steps: dict[str, int], batch: int, lr: float, params: dict[str, dict[str, Any]], **extra: Any) -> dict:
@@ -64,7 +64,14 @@ SIZES = {
                 "selective_copy": {"num_tokens": 4, "num_positions": 12},
                 "spiral": {"num_points": 24},
                 "text": {"length": 48, "train_blocks": 2000, "eval_blocks": 48},
-                "nbody": {**NBODY_PROTOCOL, "train_length": 60, "train_trajectories": 256, "eval_trajectories": 16},
+                "nbody": {
+                    **NBODY_PROTOCOL,
+                    "train_length": 60,
+                    "train_trajectories": 256,
+                    "eval_trajectories": 16,
+                    "val_trajectories": 16,
+                    "zero_shot_trajectories": 16,
+                },
             },
         ),
         eval_examples=48,
@@ -118,7 +125,7 @@ SIZES = {
                 "selective_copy": {"num_tokens": 8, "num_positions": 48},
                 "spiral": {"num_points": 48},
                 "text": {"length": 256, "train_blocks": 20000, "eval_blocks": 256},
-                "nbody": {**NBODY_PROTOCOL, "train_trajectories": 2048, "eval_trajectories": 128},
+                "nbody": {**NBODY_PROTOCOL, "train_trajectories": 2048, "eval_trajectories": 512},
             },
         ),
         eval_examples=256,
