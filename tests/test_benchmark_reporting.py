@@ -26,6 +26,7 @@ measure = _load("measure")  # imported by ablation_runs
 update_readme = _load("update_readme")
 models = _load("ablation_models")
 report = _load("ablation_report")
+_load("ablation_nbody")  # imported by ablation_runs and ablation
 runs_module = _load("ablation_runs")
 ablation = _load("ablation")
 
