@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -129,7 +130,9 @@ class Normaliser:
         return current + prior(current, self.target) + output * self.target_std
 
 
-def rollout(model: Any, states: torch.Tensor, context: int, steps: int, norm: Normaliser, hidden: bool = False):
+def rollout(
+    model: Any, states: torch.Tensor, context: int, steps: int, norm: Normaliser, hidden: bool = False
+) -> torch.Tensor:
     """`steps` autoregressive states after `context` true ones: [S, steps, F]. With `hidden` every model input
     has its velocities zeroed (the model's own next-state prediction is what the rollout keeps)."""
     sequence = hide_velocity(states[:, :context]) if hidden else states[:, :context]
@@ -153,7 +156,9 @@ def positions(states: np.ndarray) -> np.ndarray:
     return split_state(np.asarray(states, np.float64), NBODY["bodies"], NBODY["dim"])[0]
 
 
-def score(model: Any, data: dict[str, np.ndarray], params: dict, norm: Normaliser, device: str, hidden: bool = False):
+def score(
+    model: Any, data: dict[str, np.ndarray], params: dict, norm: Normaliser, device: str, hidden: bool = False
+) -> dict[str, Any]:
     """Rollout metrics on one trajectory set: position / state MSE, energy drift, per-trajectory position MSE."""
     from zpx_hf_train.data_geometry import nbody_energy, split_state
     from zpx_hf_train.metrics import relative_energy_drift, rollout_mse
@@ -188,7 +193,9 @@ def onestep_position_mse(model: Any, data: dict[str, np.ndarray], params: dict, 
     return float(np.mean((positions(pred) - positions(data["states"][:, context : context + steps])) ** 2))
 
 
-def training_loss(model: Any, train: torch.Tensor, norm: Normaliser, budget: TaskBudget, seed: int, device: str):
+def training_loss(
+    model: Any, train: torch.Tensor, norm: Normaliser, budget: TaskBudget, seed: int, device: str
+) -> Callable[[int], torch.Tensor]:
     """Teacher-forced loss on random windows of the training trajectories (a fresh batch per step)."""
     from ablation_runs import train_seed
 
