@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -328,13 +329,16 @@ def study_run(name: str, seed: int = 0) -> dict[str, Any]:
     torch.manual_seed(seed)
     io = {"features": 2 * NBODY["bodies"] * NBODY["dim"], "max_pos": params["context"] + params["rollout"]}
     model = build_model("baseline", baseline_width(128), 2, 4, io)
+    cpu = time.process_time()
+    row = run_nbody(model, budget, seed, "cpu", None)
     return {
         "name": name,
         "seed": seed,
         "steps": steps,
         "lr": lr,
         "params": params,
-        **run_nbody(model, budget, seed, "cpu", None),
+        **row,
+        "cpu_seconds": time.process_time() - cpu,
     }
 
 
@@ -379,8 +383,9 @@ def render_study(rows: list[dict[str, Any]], command: str) -> str:
         "velocity's: above 1 the model is worse before any rollout compounding.",
         "",
         "| config | target | steps | lr | noise | train loss | one-step pos MSE | one-step / CV | val pos MSE "
-        "| test pos MSE | model - CV, test (95% CI over trajectories) | 10x mass | hidden v | train s (shared CPU) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| test pos MSE | model - CV, test (95% CI over trajectories) | 10x mass | hidden v | train s (shared CPU) "
+        "| run CPU s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         mean, lo, hi = paired_interval(
@@ -388,13 +393,14 @@ def render_study(rows: list[dict[str, Any]], command: str) -> str:
         )
         verdict = "beats CV" if hi < 0 else ("loses to CV" if lo > 0 else "within noise of CV")
         p = r["params"]
+        cpu = f"{r['cpu_seconds']:.0f}" if "cpu_seconds" in r else "-"  # rows from before the CPU clock was kept
         lines.append(
             f"| {r['name']} | {p['target']} | {r['steps']} | {r['lr']:g} | {p.get('noise', 0):g} "
             f"| {r['final_train_loss']:.4f} "
             f"| {r['onestep_position_mse']:.2e} | {r['onestep_position_mse'] / cv_onestep:.2f} "
             f"| {r['val_position_mse']:.5f} | {r['position_mse']:.5f} "
             f"| {mean:+.5f} [{lo:+.5f}, {hi:+.5f}] {verdict} | {r['mass10_position_mse']:.4f} "
-            f"| {r['hidden_velocity_position_mse']:.4f} | {r['train_seconds']:.0f} |"
+            f"| {r['hidden_velocity_position_mse']:.4f} | {r['train_seconds']:.0f} | {cpu} |"
         )
     lines += [
         "",
