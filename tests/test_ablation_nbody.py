@@ -4,6 +4,7 @@ and the metrics a run row carries."""
 
 import importlib.util
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ def _load(name):
 
 
 _load("measure")
-models = _load("ablation_models")
+_load("ablation_models")
 nbody = _load("ablation_nbody")
 runs = _load("ablation_runs")
 
@@ -103,11 +104,12 @@ def test_reference_and_run_row_metrics():
         ref["const_velocity_position_mse"], rel=1e-3
     )
     assert ref["const_velocity_position_mse"] < ref["static_position_mse"]
-    torch.manual_seed(0)
-    io = {"features": 30, "max_pos": SMALL["context"] + SMALL["rollout"]}
-    model = models.build_model("baseline", {"hidden": 32, "intermediate": 64}, 1, 2, io)
     budget = runs.TaskBudget(steps=2, batch=2, lr=1e-3, params=SMALL, warmup=1)
-    row = nbody.run_nbody(model, budget, seed=0, device="cpu", seconds=None)
+    spec = runs.SizeSpec(32, 1, 2, {"nbody": budget}, 1, (1,), 1, 1)
+    width = {"hidden": 32, "intermediate": 64, "params": 0}
+    job = {"task": "nbody", "variant": "baseline", "seed": 0, "spec": asdict(spec), "width": width}
+    row = runs.run_job(job)  # the suite's call site
+    assert row["status"] == "ok", row.get("traceback")
     for key in ("val_position_mse", "position_mse", "mass10_position_mse", "hidden_velocity_position_mse"):
         assert np.isfinite(row[key]) and row[key] > 0, key
     assert len(row["position_mse_per_trajectory"]) == SMALL["eval_trajectories"]
