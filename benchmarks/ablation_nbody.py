@@ -387,11 +387,13 @@ def render_study(rows: list[dict[str, Any]], command: str) -> str:
         "| run CPU s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    winners = []
     for r in rows:
         mean, lo, hi = paired_interval(
             r["position_mse_per_trajectory"], ref["const_velocity_position_mse_per_trajectory"]
         )
         verdict = "beats CV" if hi < 0 else ("loses to CV" if lo > 0 else "within noise of CV")
+        winners += [r["name"]] if hi < 0 else []
         p = r["params"]
         cpu = f"{r['cpu_seconds']:.0f}" if "cpu_seconds" in r else "-"  # rows from before the CPU clock was kept
         lines.append(
@@ -403,6 +405,10 @@ def render_study(rows: list[dict[str, Any]], command: str) -> str:
             f"| {r['hidden_velocity_position_mse']:.4f} | {r['train_seconds']:.0f} | {cpu} |"
         )
     lines += [
+        "",
+        f"Beat constant velocity (paired bootstrap interval over the test trajectories below 0): "
+        f"{', '.join(winners) or 'none'}. One training seed per row: the suite's seeds and its per-variant lr grid "
+        "(selected on `val_position_mse`) are the test of these single runs.",
         "",
         "Zero-shot columns (the trained model unchanged): '10x mass' rolls out the test initial states simulated with "
         f"every mass 10 ({NBODY_PROTOCOL['zero_shot_trajectories']} trajectories; constant velocity "
