@@ -382,10 +382,10 @@ def render_study(rows: list[dict[str, Any]], command: str) -> str:
         "'one-step / CV' is the teacher-forced one-step position MSE over the rollout span divided by constant "
         "velocity's: above 1 the model is worse before any rollout compounding.",
         "",
-        "| config | target | steps | lr | noise | train loss | one-step pos MSE | one-step / CV | val pos MSE "
+        "| config | seed | target | steps | lr | noise | train loss | one-step pos MSE | one-step / CV | val pos MSE "
         "| test pos MSE | model - CV, test (95% CI over trajectories) | 10x mass | hidden v | train s (shared CPU) "
         "| run CPU s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     winners = []
     for r in rows:
@@ -393,11 +393,11 @@ def render_study(rows: list[dict[str, Any]], command: str) -> str:
             r["position_mse_per_trajectory"], ref["const_velocity_position_mse_per_trajectory"]
         )
         verdict = "beats CV" if hi < 0 else ("loses to CV" if lo > 0 else "within noise of CV")
-        winners += [r["name"]] if hi < 0 else []
+        winners += [f"{r['name']} (seed {r['seed']})"] if hi < 0 else []
         p = r["params"]
         cpu = f"{r['cpu_seconds']:.0f}" if "cpu_seconds" in r else "-"  # rows from before the CPU clock was kept
         lines.append(
-            f"| {r['name']} | {p['target']} | {r['steps']} | {r['lr']:g} | {p.get('noise', 0):g} "
+            f"| {r['name']} | {r['seed']} | {p['target']} | {r['steps']} | {r['lr']:g} | {p.get('noise', 0):g} "
             f"| {r['final_train_loss']:.4f} "
             f"| {r['onestep_position_mse']:.2e} | {r['onestep_position_mse'] / cv_onestep:.2f} "
             f"| {r['val_position_mse']:.5f} | {r['position_mse']:.5f} "
@@ -425,21 +425,28 @@ def render_study(rows: list[dict[str, Any]], command: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--study", nargs="+", choices=sorted(STUDY), help="run these configurations, append rows")
+    parser.add_argument("--seed", type=int, default=0, help="training seed of the --study runs")
     parser.add_argument("--render", action="store_true", help="write results/nbody_protocol.md from the rows")
     args = parser.parse_args(argv)
     if not args.study and not args.render:
         parser.error("give --study NAME... and/or --render")
     torch.set_num_threads(1)
     for name in args.study or []:
-        row = study_run(name)
+        row = study_run(name, args.seed)
         with STUDY_FILE.open("a") as handle:
             handle.write(json.dumps(row) + "\n")
         print(f"[{name}] test {row['position_mse']:.5f} val {row['val_position_mse']:.5f}", flush=True)
     if args.render:
         rows = [json.loads(line) for line in STUDY_FILE.read_text().splitlines() if line.strip()]
         order = list(STUDY)
-        rows.sort(key=lambda r: order.index(r["name"]))
-        command = "python benchmarks/ablation_nbody.py --study " + " ".join(r["name"] for r in rows)
+        rows.sort(key=lambda r: (order.index(r["name"]), r["seed"]))
+        seeds = sorted({r["seed"] for r in rows})
+        command = "; ".join(
+            "python benchmarks/ablation_nbody.py --study "
+            + " ".join(r["name"] for r in rows if r["seed"] == seed)
+            + (f" --seed {seed}" if seed else "")
+            for seed in seeds
+        )
         (RESULTS / "nbody_protocol.md").write_text(render_study(rows, command))
         print((RESULTS / "nbody_protocol.md").read_text())
 
