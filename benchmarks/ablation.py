@@ -46,13 +46,13 @@ from typing import Any
 
 import ablation_plan
 from ablation_models import VARIANTS, base_variant, family_of, match_width
+from ablation_nbody import NBODY_PROTOCOL
 from ablation_report import TIME_SUFFIX, write_evidence, write_outputs
 from ablation_runs import SizeSpec, TaskBudget, io_shape, nbody_reference, run_job
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = RESULTS.parents[1]
 TASKS = ("mqar", "passkey", "passkey_long", "selective_copy", "spiral", "text", "nbody")
-NBODY_PROTOCOL = {"context": 10, "rollout": 50, "train_length": 100, "train_trajectories": 200, "eval_trajectories": 20}
 
 
 NEEDLE_80 = {"length": 80, "num_needles": 2, "num_distractors": 2, "num_digits": 2, "compact": True}
@@ -78,7 +78,14 @@ SIZES = {
                 "selective_copy": {"num_tokens": 4, "num_positions": 12},
                 "spiral": {"num_points": 24},
                 "text": {"length": 48, "train_blocks": 2000, "eval_blocks": 48},
-                "nbody": {**NBODY_PROTOCOL, "train_length": 60, "train_trajectories": 256, "eval_trajectories": 16},
+                "nbody": {
+                    **NBODY_PROTOCOL,
+                    "train_length": 60,
+                    "train_trajectories": 256,
+                    "eval_trajectories": 16,
+                    "val_trajectories": 16,
+                    "zero_shot_trajectories": 16,
+                },
             },
         ),
         eval_examples=48,
@@ -133,7 +140,14 @@ SIZES = {
                 "passkey": {"length": 40, "num_digits": 2, "compact": True},
                 "passkey_long": {"length": 64, "num_digits": 2, "compact": True},
                 "spiral": {"num_points": 8},
-                "nbody": {**NBODY_PROTOCOL, "train_length": 60, "train_trajectories": 16, "eval_trajectories": 8},
+                "nbody": {
+                    **NBODY_PROTOCOL,
+                    "train_length": 60,
+                    "train_trajectories": 16,
+                    "val_trajectories": 8,
+                    "eval_trajectories": 8,
+                    "zero_shot_trajectories": 8,
+                },
             },
         ),
         eval_examples=16,
@@ -192,7 +206,7 @@ SIZES = {
                 params={
                     "mqar": {"num_pairs": 12, "num_queries": 24, "query_replacement": True},
                     "spiral": {"num_points": 48},
-                    "nbody": {**NBODY_PROTOCOL, "train_trajectories": 2048, "eval_trajectories": 256},
+                    "nbody": {**NBODY_PROTOCOL, "train_trajectories": 2048, "eval_trajectories": 512},
                 },
             ),
             "passkey": TaskBudget(steps=3000, batch=16, lr=1e-3, params={**NEEDLE_80, "length": 2048}),

@@ -104,9 +104,8 @@ def selection_value(row: dict[str, Any]) -> tuple[float, str]:
     if key in row:
         return float(row[key]), "val"
     test_key = key[len("val_") :]
-    for candidate in (test_key, {"pos_mse": "position_mse"}.get(test_key, test_key)):
-        if candidate in row:
-            return float(row[candidate]), "test"
+    if test_key in row:
+        return float(row[test_key]), "test"
     return math.nan, "missing"
 
 

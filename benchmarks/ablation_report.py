@@ -622,7 +622,7 @@ EVIDENCE_TABLES = [
         ),
     ),
 ]
-NBODY_TEST_KEYS = ("pos_mse", "position_mse", "energy_drift")
+NBODY_TEST_KEYS = ("position_mse", "energy_drift")
 
 
 def evidence_columns(spec: dict[str, Any], task: str, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -641,7 +641,7 @@ def evidence_columns(spec: dict[str, Any], task: str, rows: Sequence[dict[str, A
             for m in multiples
         ]
     if task == "nbody":
-        present = [k for k in NBODY_TEST_KEYS if any(k in r for r in rows)] or ["pos_mse", "energy_drift"]
+        present = [k for k in NBODY_TEST_KEYS if any(k in r for r in rows)] or list(NBODY_TEST_KEYS)
         extra = sorted(
             {
                 k
@@ -818,7 +818,7 @@ def evidence_claims(verdicts: dict, spec: Any, reference: dict[str, Any] | None)
     longest = max(spec.passkey_multiples)
     nbody_key = next(
         (k.split("|")[2] for k in verdicts if k.startswith(f"{head}|versor_hybrid|") and k.endswith("|nbody")),
-        "pos_mse",
+        "position_mse",
     )
     cv = f"{reference['const_velocity_position_mse']:.4f}" if reference else "n/a"
     import ablation_plan

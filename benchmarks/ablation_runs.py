@@ -6,7 +6,8 @@ task distribution, not a fixed training set. Evaluation keeps every example's an
 the row) for the bootstrap; evidence sizes also record validation curves and flop_counter FLOPs. Optimiser:
 AdamW, linear warm-up, then a constant learning rate, gradient clipping 1.0; with a constant rate a run of
 N steps is the first N steps of a longer one, which is what the calibration measures. N-body: teacher-forced
-next-state training on the protocol's trajectories, then an autoregressive rollout.
+next-state training on the protocol's trajectories (`ablation_nbody`), then an autoregressive rollout with
+validation, test and zero-shot metrics.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 from ablation_models import SequenceRegressor, build_model, family_of
+from ablation_nbody import NBODY, nbody_reference, run_nbody  # the N-body task: benchmarks/ablation_nbody.py
 from ablation_stats import encode_bits
 from measure import clock  # benchmarks/measure.py: the one wall clock of every benchmark
 
@@ -29,7 +31,6 @@ EVAL_SEED = 10_000  # test data: the same for every training seed and variant
 VAL_SEED = 20_000  # validation data (lr selection, curves): its own seed, distinct from test and training seeds
 # a token task's example generator, where the task name is a protocol of another task's data
 GENERATOR = {"passkey_long": "passkey"}
-NBODY = {"bodies": 5, "dim": 3}
 
 
 @dataclass(frozen=True)
@@ -303,7 +304,7 @@ SELECTION = {
     "passkey": ("val_passkey_digit_acc@1x", True),
     "passkey_long": ("val_passkey_digit_acc@1x", True),
     "text": ("val_perplexity", False),
-    "nbody": ("val_pos_mse", False),
+    "nbody": ("val_position_mse", False),
 }
 
 
@@ -316,83 +317,6 @@ def step_flops(model: torch.nn.Module, loss_fn: Callable[[int], torch.Tensor]) -
         loss_fn(0).backward()
     model.zero_grad(set_to_none=True)
     return int(counter.get_total_flops())
-
-
-# ---- N-body ---------------------------------------------------------------------------------------
-
-
-def nbody_data(params: dict[str, Any], seed: int, num: int) -> dict[str, np.ndarray]:
-    """Trajectories of the protocol: `length - 1` Verlet steps after the initial state (velocity Verlet,
-    G = 1, dt = 0.01, walls at +-2; `zpx_hf_train.data_geometry` defaults)."""
-    from zpx_hf_train.data_geometry import nbody_trajectories
-
-    return nbody_trajectories(num, seed, params["train_length"] - 1, n_bodies=NBODY["bodies"], dim=NBODY["dim"])
-
-
-def nbody_reference(params: dict[str, Any]) -> dict[str, float]:
-    """Constant-velocity extrapolation and the simulator's own energy drift on the evaluation trajectories."""
-    from zpx_hf_train.data_geometry import NBODY_DT, nbody_energy, split_state
-    from zpx_hf_train.metrics import relative_energy_drift, rollout_mse
-
-    data = nbody_data(params, EVAL_SEED, params["eval_trajectories"])
-    x, v = split_state(data["states"].astype(np.float64), NBODY["bodies"], NBODY["dim"])
-    context, rollout = params["context"], params["rollout"]
-    start = context - 1
-    steps = np.arange(1, rollout + 1)[None, :, None, None]
-    pred_x = x[:, start : start + 1] + v[:, start : start + 1] * NBODY_DT * steps
-    true_x = x[:, context : context + rollout]
-    final_e = nbody_energy(pred_x[:, -1], v[:, start], data["masses"])
-    return {
-        "const_velocity_position_mse": rollout_mse(pred_x, true_x),
-        "const_velocity_energy_drift": relative_energy_drift(final_e, data["energy"][:, start]),
-        "simulator_energy_drift": relative_energy_drift(data["energy"][:, start + rollout], data["energy"][:, start]),
-    }
-
-
-def run_nbody(model: Any, budget: TaskBudget, seed: int, device: str, seconds: float | None) -> dict[str, Any]:
-    """Teacher-forced training on windows of the training trajectories (normalised states -> normalised
-    next-state deltas), then a `rollout`-step autoregressive rollout from `context` true states."""
-    from zpx_hf_train.data_geometry import nbody_energy, split_state
-    from zpx_hf_train.metrics import relative_energy_drift, rollout_mse
-
-    params = budget.params
-    window = params["context"] + params["rollout"]
-    train = torch.tensor(nbody_data(params, seed, params["train_trajectories"])["states"], device=device)
-    mean, std = train.mean(dim=(0, 1)), train.std(dim=(0, 1))
-    delta_std = (train[:, 1:] - train[:, :-1]).std(dim=(0, 1))
-    generator = torch.Generator().manual_seed(train_seed(seed, 0))
-
-    def loss_fn(step: int) -> torch.Tensor:
-        rows = torch.randint(0, len(train), (budget.batch,), generator=generator)
-        offsets = torch.randint(0, train.shape[1] - window + 1, (budget.batch,), generator=generator)
-        index = offsets[:, None] + torch.arange(window)[None, :]
-        states = train[rows[:, None].to(device), index.to(device)]
-        pred, center = model((states[:, :-1] - mean) / std)
-        loss = torch.nn.functional.mse_loss(pred, (states[:, 1:] - states[:, :-1]) / delta_std)
-        return loss if center is None else loss + center
-
-    result = train_loop(model, loss_fn, budget, seconds)
-    data = nbody_data(params, EVAL_SEED, params["eval_trajectories"])
-    states = torch.tensor(data["states"], device=device)
-    context, rollout = params["context"], params["rollout"]
-    model.eval()
-    with torch.no_grad():
-        sequence = states[:, :context]
-        for _ in range(rollout):
-            delta = model((sequence - mean) / std)[0][:, -1] * delta_std
-            sequence = torch.cat((sequence, (sequence[:, -1] + delta)[:, None]), dim=1)
-    pred = sequence[:, context:].double().cpu().numpy()
-    true = states[:, context : context + rollout].double().cpu().numpy()
-    pred_x, pred_v = split_state(pred, NBODY["bodies"], NBODY["dim"])
-    true_x, _ = split_state(true, NBODY["bodies"], NBODY["dim"])
-    final_e = nbody_energy(pred_x[:, -1], pred_v[:, -1], data["masses"])
-    drift = relative_energy_drift(final_e, data["energy"][:, context - 1])
-    return {
-        **result,
-        "position_mse": rollout_mse(pred_x, true_x),
-        "state_mse": rollout_mse(pred, true),
-        "energy_drift": drift if math.isfinite(drift) else float("nan"),
-    }
 
 
 # ---- one job --------------------------------------------------------------------------------------

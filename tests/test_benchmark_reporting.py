@@ -27,6 +27,7 @@ stats = _load("ablation_stats")  # imported by ablation_runs
 update_readme = _load("update_readme")
 models = _load("ablation_models")
 report = _load("ablation_report")
+_load("ablation_nbody")  # imported by ablation_runs and ablation
 runs_module = _load("ablation_runs")
 plan_module = _load("ablation_plan")  # imported by ablation
 ablation = _load("ablation")
