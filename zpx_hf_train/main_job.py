@@ -12,6 +12,11 @@ from the copied modelling code. The run folder also gets the inspection pictures
 embedded in its report and model card. A second run into the same folder replaces the first
 (`--overwrite_output_dir true` is the job's default).
 
+The job ends with what the model learned: each recall task's held-out answer-token accuracy beside chance
+(uniform guessing over the task's answer alphabet) and the bar 0.9 (`report.recall_verdict`), and a WARNING on
+stderr for every task below the bar, so a run that learned only the text says so. Prompts are tokenized with
+`add_bos_token=True`: the tokenizer adds no BOS by default and every training document starts with one.
+
 One intra-op thread by default: for a model this small a second thread gains little, and on a shared
 2-core machine it made each step 3-6x slower whenever another process was running (0.22 s/step with one
 thread against 0.6-1.6 s/step with two, measured here).
@@ -180,8 +185,9 @@ def warn_unlearned(recall: list[dict]) -> None:
             )
     if recall and not any(row["verdict"] == "learned" for row in recall):
         print(
-            f"zpx-main: WARNING: no recall task reached answer-token accuracy {RECALL_BAR}: the model learned the "
-            "text only (a shorter budget than the config's, or a config whose tasks this size cannot learn).",
+            f"zpx-main: WARNING: no recall task reached answer-token accuracy {RECALL_BAR} in this run: a newcomer "
+            "sees a model that did not learn recall (a shorter budget than the config's, or tasks this size "
+            "cannot learn in it).",
             file=sys.stderr,
         )
 
