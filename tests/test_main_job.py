@@ -66,6 +66,7 @@ def test_task_train_examples_sets_the_recall_mix_and_is_checked(tmp_path):
         load_run_config(MICRO, [*flags, "--mqar_num_queries", "9"])  # more queries than pairs needs replacement
 
 
+@pytest.mark.slow  # builds and packs the main job's ~42,000 training rows
 def test_main_config_fits_one_epoch_of_its_budget():
     """The main job's mix: every training row is seen about once in its steps (no task starved or repeated)."""
     from transformers import TrainingArguments
