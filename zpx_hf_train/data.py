@@ -46,10 +46,24 @@ class DataArguments:
         metadata={"help": "Synthetic tasks mixed into training and evaluated: mqar, passkey, selective_copy."},
     )
     train_examples_per_task: int = field(default=2000, metadata={"help": "Training examples per task."})
+    task_train_examples: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": "Training examples of each task, in the order of `tasks` (default: train_examples_per_task "
+            "each): the recall/text mix, e.g. many short MQAR examples and few long pass-key ones."
+        },
+    )
     eval_examples_per_task: int = field(default=200, metadata={"help": "Held-out examples per task."})
     task_seed: int = field(default=0, metadata={"help": "Seed of the training tasks (evaluation uses task_seed+1)."})
     mqar_num_pairs: int = field(default=8, metadata={"help": "Key-value pairs per MQAR example (<= 26)."})
     mqar_num_queries: int | None = field(default=None, metadata={"help": "Queries per MQAR example (default all)."})
+    mqar_query_replacement: bool = field(
+        default=False,
+        metadata={
+            "help": "Draw MQAR queries with replacement: no 'answer a value not yet asked' shortcut, and "
+            "mqar_num_queries may exceed mqar_num_pairs."
+        },
+    )
     passkey_length: int | None = field(default=None, metadata={"help": "Pass-key example length (default seq_len)."})
     passkey_digits: int = field(default=5, metadata={"help": "Digits of the pass key."})
     selective_copy_num_tokens: int = field(default=8, metadata={"help": "Tokens to copy."})
@@ -75,10 +89,14 @@ class TaskSpec:
 
 TASK_SPECS: dict[str, TaskSpec] = {
     "mqar": TaskSpec(
-        params=lambda d: {"num_pairs": d.mqar_num_pairs, "num_queries": d.mqar_num_queries},
+        params=lambda d: {
+            "num_pairs": d.mqar_num_pairs,
+            "num_queries": d.mqar_num_queries,
+            "query_replacement": d.mqar_query_replacement,
+        },
         length=lambda d: 2 + 2 * d.mqar_num_pairs + 2 * (d.mqar_num_queries or d.mqar_num_pairs),  # BOS, |, pairs
         length_key="mqar_num_pairs",
-        keys={"num_pairs": "mqar_num_pairs", "num_queries": "mqar_num_queries"},
+        keys={"num_queries": "mqar_num_queries", "num_pairs": "mqar_num_pairs"},  # the first named in an error wins
     ),
     "passkey": TaskSpec(
         params=lambda d: {"length": d.passkey_length or d.seq_len, "num_digits": d.passkey_digits},
@@ -123,10 +141,16 @@ def validate_data_args(path: str, data: DataArguments) -> None:
             raise ConfigError(f"{path}: key `data.tasks`: unknown task {task!r}; expected some of {sorted(TASKS)}.")
     if data.text_source == "none" and not data.tasks:
         raise ConfigError(f"{path}: key `data.tasks` is empty and `data.text_source` is 'none': nothing to train on.")
-    if data.text_source == "none" and data.train_examples_per_task == 0:
+    if data.text_source == "none" and not any(train_example_counts(data).values()):
         raise ConfigError(
             f"{path}: key `data.train_examples_per_task` is 0 and `data.text_source` is 'none': nothing to train on."
         )
+    if data.task_train_examples is not None:
+        if len(data.task_train_examples) != len(data.tasks) or min(data.task_train_examples, default=0) < 0:
+            raise ConfigError(
+                f"{path}: key `data.task_train_examples` = {data.task_train_examples} must give one count >= 0 "
+                f"per task of `data.tasks` {data.tasks}, in that order (or be null: train_examples_per_task each)."
+            )
     for key, minimum in MINIMUMS.items():
         value = getattr(data, key)
         if value is not None and value < minimum:
@@ -145,6 +169,12 @@ def validate_data_args(path: str, data: DataArguments) -> None:
         except ValueError as error:
             named = [key for param, key in spec.keys.items() if f"{param}=" in str(error)]
             raise ConfigError(f"{path}: key `data.{(named or [spec.length_key])[0]}`: {error}") from None
+
+
+def train_example_counts(data: DataArguments) -> dict[str, int]:
+    """Training examples of each task: `task_train_examples` in the order of `tasks`, else the common count."""
+    counts = data.task_train_examples or [data.train_examples_per_task] * len(data.tasks)
+    return dict(zip(data.tasks, counts))
 
 
 def _data_files(folder: Path) -> list[Path]:
@@ -280,15 +310,14 @@ def build_datasets(data: DataArguments) -> dict[str, Any]:
             f"documents, {len(parts[0])} train blocks of {data.seq_len} bytes"
         )
     tasks = {}
-    for task in data.tasks:
+    for task, count in train_example_counts(data).items():
         params = TASK_SPECS[task].params(data)
-        if data.train_examples_per_task:
-            parts.append(task_dataset(task, data.train_examples_per_task, data.task_seed, data.seq_len, **params))
+        if count:
+            parts.append(task_dataset(task, count, data.task_seed, data.seq_len, **params))
         tasks[task] = task_dataset(task, data.eval_examples_per_task, data.task_seed + 1, data.seq_len, **params)
         shown = ", ".join(f"{k}={v}" for k, v in params.items() if v is not None)
         descriptions.append(
-            f"synthetic `{task}` ({shown}): {data.train_examples_per_task} train / "
-            f"{data.eval_examples_per_task} eval examples"
+            f"synthetic `{task}` ({shown}): {count} train / {data.eval_examples_per_task} eval examples"
         )
     train = concatenate_datasets([part.select_columns(COLUMNS) for part in parts])
     if data.packing:
@@ -366,5 +395,6 @@ __all__ = [
     "pack_rows",
     "load_text_documents",
     "source_name",
+    "train_example_counts",
     "validate_data_args",
 ]

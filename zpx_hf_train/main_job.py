@@ -12,6 +12,11 @@ from the copied modelling code. The run folder also gets the inspection pictures
 embedded in its report and model card. A second run into the same folder replaces the first
 (`--overwrite_output_dir true` is the job's default).
 
+The job ends with what the model learned: each recall task's held-out answer-token accuracy beside chance
+(uniform guessing over the task's answer alphabet) and the bar 0.9 (`report.recall_verdict`), and a WARNING on
+stderr for every task below the bar, so a run that learned only the text says so. Prompts are tokenized with
+`add_bos_token=True`: the tokenizer adds no BOS by default and every training document starts with one.
+
 One intra-op thread by default: for a model this small a second thread gains little, and on a shared
 2-core machine it made each step 3-6x slower whenever another process was running (0.22 s/step with one
 thread against 0.6-1.6 s/step with two, measured here).
@@ -28,7 +33,7 @@ import time
 from pathlib import Path
 
 from .cli import EXIT_USAGE, HELP_FLAGS, guarded, usage_text
-from .data import DataArguments
+from .data import TASK_SPECS, DataArguments
 from .train import REPO_ROOT, load_run_config, run_training
 
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "zpx-tiny.yaml"
@@ -42,7 +47,8 @@ from transformers.utils import logging
 logging.set_verbosity_error()
 path, prompt, recall_prompt, report = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
-tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+# add_bos_token: the tokenizer adds no BOS by default, and every training document starts with one
+tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True, add_bos_token=True)
 inputs = tokenizer(prompt, return_tensors="pt")
 with torch.no_grad():
     logits = model(**inputs).logits[0, -1].tolist()
@@ -53,6 +59,7 @@ recall = model.generate(input_ids=torch.tensor([recall_prompt]), max_new_tokens=
                         pad_token_id=tokenizer.pad_token_id)
 with open(report, "w", encoding="utf-8") as f:
     json.dump({"class": type(model).__module__ + "." + type(model).__name__, "logits": logits,
+               "prompt_ids": inputs["input_ids"][0].tolist(),
                "sample": tokenizer.decode(out[0], skip_special_tokens=True),
                "recall": tokenizer.decode(recall[0, -1:])}, f)
 """
@@ -85,12 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(int(own["--threads"]))
+    from transformers import AutoTokenizer
     from transformers.utils import logging
 
-    from zpx_hf.tokenization_bytes import build_byte_tokenizer, ids_to_text
+    from zpx_hf.tokenization_bytes import ids_to_text
     from zpx_hf_train.data_tasks import task_examples
 
-    from .report import metrics_table
+    from .report import metrics_table, recall_table
 
     logging.set_verbosity_error()
     threads = torch.get_num_threads()
@@ -104,11 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         return code
     output_dir = result["output_dir"]
     trained = result["model"].eval()
-    tokenizer = build_byte_tokenizer()
+    tokenizer = AutoTokenizer.from_pretrained(output_dir, add_bos_token=True)  # the saved one, with BOS
 
     print(f"[2/3] reloading {output_dir} with AutoModelForCausalLM(trust_remote_code=True) in a fresh Python")
     print("      where `import zpx_hf` is blocked: only the checkpoint's own code and files are used")
-    example = task_examples("mqar", 1, seed=12345, seq_len=None, num_pairs=run.args[DataArguments].mqar_num_pairs)[0]
+    mqar_params = TASK_SPECS["mqar"].params(run.args[DataArguments])
+    example = task_examples("mqar", 1, seed=12345, seq_len=None, **mqar_params)[0]
     first_answer = example["answer_mask"].index(1)
     recall_prompt = example["input_ids"][:first_answer]
     with tempfile.TemporaryDirectory() as tmp:
@@ -121,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(report, encoding="utf-8") as f:
             reloaded = json.load(f)
     inputs = tokenizer(PROMPT, return_tensors="pt")
+    for ids in (inputs["input_ids"][0].tolist(), reloaded["prompt_ids"]):
+        if ids[0] != tokenizer.bos_token_id:
+            raise RuntimeError(f"zpx-main: the demo prompt was tokenized without BOS ({ids[:4]}...)")
     with torch.no_grad():
         expected = trained(**inputs).logits[0, -1]
     drift = (torch.tensor(reloaded["logits"]) - expected).abs().max().item()
@@ -134,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{ids_to_text(recall_prompt)} -> model: {reloaded['recall']!r}, expected: {answer!r}")
 
     print("---- final metrics ----")
-    print(metrics_table(result["metrics"]))
+    print(metrics_table({"heldout": result["metrics"].get("heldout")}))
+    print("---- what the model learned: recall tasks, held out ----")
+    recall = recall_rows(result)
+    print(recall_table(recall))
+    warn_unlearned(recall)
     train = result["train_metrics"]
     total = time.time() - started
     print(
@@ -142,20 +158,69 @@ def main(argv: list[str] | None = None) -> int:
         f"total {total:.0f} s | checkpoint: {output_dir} (report.md, metrics.json, loss_curve.png, inspection/)"
     )
     if own["--summary"]:
-        write_summary(Path(own["--summary"]), config, run, result, total, threads, drift, reloaded["sample"])
+        write_summary(Path(own["--summary"]), config, run, result, total, threads, drift, reloaded["sample"], recall)
     return 0
 
 
+def recall_rows(result: dict) -> list[dict]:
+    """`report.recall_results` of a finished run, counting answer tokens in its held-out task sets."""
+    from .report import recall_results
+
+    # position 0 is BOS, never an answer: every answer_mask entry is an evaluated answer token
+    answer_tokens = {name: sum(map(sum, data["answer_mask"])) for name, data in result["datasets"]["tasks"].items()}
+    return recall_results(result["metrics"], answer_tokens)
+
+
+def warn_unlearned(recall: list[dict]) -> None:
+    """A warning on stderr for each recall task below the bar, and one more when none reached it."""
+    from .report import RECALL_BAR
+
+    for row in recall:
+        if row["verdict"] != "learned":
+            print(
+                f"zpx-main: WARNING: recall task {row['task']} is {row['verdict']} (answer-token accuracy "
+                f"{row['token_accuracy']:.3f}, chance {row['chance']:.3f}, bar {RECALL_BAR}): this run did not "
+                "learn it.",
+                file=sys.stderr,
+            )
+    if recall and not any(row["verdict"] == "learned" for row in recall):
+        print(
+            f"zpx-main: WARNING: no recall task reached answer-token accuracy {RECALL_BAR} in this run: a newcomer "
+            "sees a model that did not learn recall (a shorter budget than the config's, or tasks this size "
+            "cannot learn in it).",
+            file=sys.stderr,
+        )
+
+
+def recall_sentence(recall: list[dict]) -> str:
+    """One line for a newcomer: which recall tasks the run learned and which it did not (the job warned)."""
+    groups: dict[str, list[str]] = {}
+    for row in recall:
+        groups.setdefault(row["verdict"], []).append(f"{row['task']} {row['token_accuracy']:.3f}")
+    learned = ", ".join(groups.pop("learned", [])) or "none"
+    rest = "; ".join(f"{verdict}: {', '.join(tasks)}" for verdict, tasks in groups.items())
+    return f"Learned: {learned}." + (f" Not learned in this budget (the job warns): {rest}." if rest else "")
+
+
 def write_summary(
-    path: Path, config: str, run, result: dict, total: float, threads: int, drift: float, sample: str
+    path: Path,
+    config: str,
+    run,
+    result: dict,
+    total: float,
+    threads: int,
+    drift: float,
+    sample: str,
+    recall: list[dict],
 ) -> None:
-    """The README's main-job section: command, machine, runtime and the measured metrics."""
+    """The README's main-job section: command, machine, runtime, training mix, text metrics and what the model
+    learned of each recall task (against chance and the bar)."""
     import platform
 
     import torch
     import transformers
 
-    from .report import metrics_table
+    from .report import RECALL_BAR, metrics_table, recall_table
 
     train = result["train_metrics"]
     model = result["model"]
@@ -176,7 +241,18 @@ def write_summary(
         f"without zpx_hf: max |logit difference| {drift:.1e};",
         f"- sampled text: `{snippet}`",
         "",
-        metrics_table(result["metrics"]),
+        "Training data (one shuffled mix, every step):",
+        "",
+        *(f"- {line}" for line in result["datasets"]["description"]),
+        "",
+        metrics_table({"heldout": result["metrics"].get("heldout")}),
+        "",
+        f"Recall tasks on held-out examples (learned: answer-token accuracy >= {RECALL_BAR}; at chance: within 3 "
+        "binomial standard errors of uniform guessing over the answer alphabet):",
+        "",
+        recall_table(recall),
+        "",
+        recall_sentence(recall),
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import string
 from collections.abc import Mapping, Sequence
@@ -105,6 +106,60 @@ def metrics_table(metrics: Mapping[str, Any]) -> str:
         rows.append(f"| {name} answer-token accuracy | {result['token_accuracy']:.3f} |")
         rows.append(f"| {name} exact match | {result['exact_match']:.3f} |")
     return "\n".join(rows)
+
+
+RECALL_BAR = 0.9  # answer-token accuracy at which a recall task counts as learned (issue 21's bar)
+
+
+def chance_levels() -> dict[str, float]:
+    """Answer-token accuracy of uniform guessing per synthetic task: one over the alphabet its answers come from."""
+    from .data_tasks import DIGITS, KEY_CHARS, VALUE_CHARS
+
+    return {"mqar": 1 / len(VALUE_CHARS), "passkey": 1 / len(DIGITS), "selective_copy": 1 / len(KEY_CHARS)}
+
+
+def recall_verdict(accuracy: float, chance: float, answer_tokens: int, bar: float = RECALL_BAR) -> str:
+    """`learned` (accuracy >= bar), `at chance` (within 3 binomial standard errors of chance over the
+    evaluated answer tokens, sqrt(p (1 - p) / n)), else `above chance, below the bar`."""
+    if accuracy >= bar:
+        return "learned"
+    if accuracy <= chance + 3 * math.sqrt(chance * (1 - chance) / max(answer_tokens, 1)):
+        return "at chance"
+    return "above chance, below the bar"
+
+
+def recall_results(metrics: Mapping[str, Any], answer_tokens: Mapping[str, int]) -> list[dict[str, Any]]:
+    """One row per evaluated task: accuracy, exact match, chance, answer tokens and `recall_verdict`."""
+    chance = chance_levels()
+    rows = []
+    for task, result in metrics.get("tasks", {}).items():
+        level = chance[task]
+        rows.append(
+            {
+                "task": task,
+                "token_accuracy": result["token_accuracy"],
+                "exact_match": result["exact_match"],
+                "chance": level,
+                "examples": result.get("examples", 0),
+                "answer_tokens": answer_tokens[task],
+                "verdict": recall_verdict(result["token_accuracy"], level, answer_tokens[task]),
+            }
+        )
+    return rows
+
+
+def recall_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown table of `recall_results`: what the model learned, against chance and the bar."""
+    lines = [
+        "| recall task | answer-token accuracy | exact match | chance | held-out examples (answer tokens) | verdict |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['task']} | {row['token_accuracy']:.3f} | {row['exact_match']:.3f} | {row['chance']:.3f} | "
+            f"{row['examples']} ({row['answer_tokens']}) | {row['verdict']} |"
+        )
+    return "\n".join(lines)
 
 
 def mapping_table(values: Mapping[str, Any]) -> str:
@@ -249,7 +304,9 @@ def card_data(
 __all__ = [
     "GENERIC_CARD",
     "LICENSE",
+    "RECALL_BAR",
     "card_data",
+    "chance_levels",
     "eval_results",
     "figures",
     "figures_markdown",
@@ -258,6 +315,9 @@ __all__ = [
     "metrics_table",
     "model_card_template",
     "plot_loss_curve",
+    "recall_results",
+    "recall_table",
+    "recall_verdict",
     "render_model_card",
     "write_report",
 ]
