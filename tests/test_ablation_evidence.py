@@ -127,7 +127,10 @@ def test_lower_is_better_failed_runs_excluded_and_nbody_falls_back_to_test_loudl
     ]
     assert plan.select(cell, _done(rows), EVIDENCE)["lr"] == 1e-3
     # a protocol without a validation split: only the test metric
-    old = [{**{k: v for k, v in r.items() if k != "val_position_mse"}, "position_mse": r["val_position_mse"]} for r in rows[:2]]
+    old = [
+        {**{k: v for k, v in r.items() if k != "val_position_mse"}, "position_mse": r["val_position_mse"]}
+        for r in rows[:2]
+    ]
     old += rows[2:]
     chosen = plan.select(cell, _done(old), EVIDENCE)
     assert chosen["source"] == "test" and chosen["lr"] == 1e-3
