@@ -1,9 +1,9 @@
 """torch.export with dynamic batch and sequence, and ONNX through the dynamo exporter run by onnxruntime, at
 shapes other than the example's; logits within 1e-4 of eager (every family, and Llama beside them).
 
-Versor's RRA mixer (and so the hybrid) does not export yet: its log-depth scan is a Python loop over the
-sequence (the exported graph specialises the length) and its rotor products use complex dtypes, which the
-ONNX exporter refuses. Those cases are strict xfails, so a fix shows up.
+Versor's RRA mixer (and so the hybrid) exports through its "export" kernel (ops_rra_export.py: real
+arithmetic, a scan traced once for every length), which "auto" picks under export; it is tested here
+against the eager kernels in float64.
 """
 
 import pytest
@@ -16,12 +16,7 @@ import zpx_hf  # noqa: F401
 
 EXAMPLE = (2, 12)
 OTHER_SHAPES = ((3, 7), (1, 20))  # batch 1 and a longer sequence than the example
-RRA_GAP = pytest.mark.xfail(
-    strict=True, reason="RRA: the scan loops over the sequence in Python and multiplies complex rotors"
-)
-CASES = ("llama", "zpx", "pct", "versor-gpa", pytest.param("versor-rra", marks=RRA_GAP))
-# the ONNX conversion of RRA's complex graph fails only after minutes: not run (the torch.export xfail shows the gap)
-ONNX_CASES = (*CASES[:-1], pytest.param("versor-rra", marks=pytest.mark.xfail(run=False, reason="complex dtypes")))
+CASES = ("llama", "zpx", "pct", "versor-gpa", "versor-rra", "versor-hybrid")
 
 
 class Logits(torch.nn.Module):
@@ -74,7 +69,7 @@ def test_torch_export_dynamic_batch_and_sequence(case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ONNX_CASES)
+@pytest.mark.parametrize("case", CASES)
 def test_onnx_dynamo_export_runs_in_onnxruntime(case, tmp_path):
     pytest.importorskip("onnxscript")
     ort = pytest.importorskip("onnxruntime")
