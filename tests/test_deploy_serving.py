@@ -1,5 +1,5 @@
 """Serving through softmax engines: ZPX reaches transformers' global AttentionInterface with the standard
-signature (augmented q^ / k^, zero-padded values, scale 1) and computes its own logits there; PCT and Versor
+signature (augmented q^ / k^, zero-padded values, the standard scale 1/sqrt(d)) and computes its own logits there; PCT and Versor
 refuse softmax-engine implementations by name, saying why."""
 
 import pytest
@@ -10,7 +10,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 import zpx_hf  # noqa: F401
-from zpx_hf.modeling_zpx import ENGINE_HEAD_MULTIPLE
+from zpx_hf.configuration_zpx import ENGINE_HEAD_MULTIPLE
 
 RECORDING = "zpx_test_recording_sdpa"
 CALLS = []
@@ -54,8 +54,9 @@ def test_global_attention_function_gives_zpx_logits():
     config = model.config
     width = config.head_dim + 5 * config.phase_channels  # d + 5C
     padded = -(-width // ENGINE_HEAD_MULTIPLE) * ENGINE_HEAD_MULTIPLE
+    assert config.engine_head_dim == padded  # the head size an engine's KV cache is sized by
     for call in CALLS:
-        assert call["scaling"] == 1.0  # q^ carries 1/sqrt(d) and the lambdas
+        assert call["scaling"] == config.head_dim**-0.5  # S = scaling q^ . k^: q^ carries lambda / (C scaling)
         assert all(shape[-1] == padded for shape in call["shapes"])
         assert "engine_metadata" in call["kwargs"]  # the model's kwargs reach the attention function
 

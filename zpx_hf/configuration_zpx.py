@@ -6,6 +6,8 @@ from typing import Any
 
 from .configuration_common import LOGIT_SCALE_LIMIT, GeometricConfig, Rule, _fail
 
+# Fused softmax kernels (flash, cuDNN, paged, vLLM's) take head sizes that are multiples of 8.
+ENGINE_HEAD_MULTIPLE = 8
 _WHY = "Past the float16 maximum the score's weight is inf in a half-precision model (NaN attention)."
 
 
@@ -62,6 +64,13 @@ class ZPXConfig(GeometricConfig):
                 f"{LOGIT_SCALE_LIMIT:g}, the float16 maximum: the score's angle and sphere terms add up to it.",
             )
 
+    @property
+    def engine_head_dim(self) -> int:
+        """The head size a softmax engine computes ZPX with, and so the width of its KV cache: q^ and k^ are
+        `d + 5C` wide ([k, cos phi, sin phi, s]), zero-padded with the values to a multiple of
+        `ENGINE_HEAD_MULTIPLE`. (`head_dim` stays d, the width of q, k and v.)"""
+        return -(-(self.head_dim + 5 * self.phase_channels) // ENGINE_HEAD_MULTIPLE) * ENGINE_HEAD_MULTIPLE
+
     field_rules = {
         **GeometricConfig.field_rules,
         "phase_channels": Rule("int", minimum=1),
@@ -76,4 +85,4 @@ class ZPXConfig(GeometricConfig):
     }
 
 
-__all__ = ["ZPXConfig"]
+__all__ = ["ENGINE_HEAD_MULTIPLE", "ZPXConfig"]
