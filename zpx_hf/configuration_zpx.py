@@ -30,6 +30,22 @@ class ZPXConfig(GeometricConfig):
     """
 
     model_type = "zpx"
+    # Tensor parallelism as Llama's: heads are independent, so q, k, v and the phase encoder (each output
+    # [H, C] head-major, like q's [H, d]) split by heads (colwise), o_proj sums the heads' parts (rowwise); the
+    # MLP as Llama's. No pipeline plan: the layers return (hidden, weights, phase) tuples and take the
+    # backbone's position embeddings, padding mask and documents, not Llama's (hidden_states, attention_mask).
+    base_model_tp_plan = {
+        "layers.*.self_attn.q_proj": "colwise",
+        "layers.*.self_attn.k_proj": "colwise",
+        "layers.*.self_attn.v_proj": "colwise",
+        "layers.*.self_attn.phase_encoder.to_log_r": "colwise",
+        "layers.*.self_attn.phase_encoder.to_theta": "colwise",
+        "layers.*.self_attn.phase_encoder.to_b": "colwise",
+        "layers.*.self_attn.o_proj": "rowwise",
+        "layers.*.mlp.gate_proj": "colwise",
+        "layers.*.mlp.up_proj": "colwise",
+        "layers.*.mlp.down_proj": "rowwise",
+    }
 
     def __init__(
         self,

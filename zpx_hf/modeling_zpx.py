@@ -54,7 +54,6 @@ from .ops_zpx import (
 from .rotary_srpe import apply_rotary, build_rotary
 
 
-
 def zpx_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -164,7 +163,8 @@ class ZPXPhaseEncoder(nn.Module):
 
     def phase_from_pre_activations(self, pre: torch.Tensor) -> PhaseState:
         """PhaseState from [W_r h | W_theta h | W_b h] [B, L, 3HC]."""
-        return phase_from_stacked(pre.unflatten(-1, (3, self.num_heads, self.phase_channels)), self.max_log_radius, 2)
+        # heads from the width (-1): a tensor-parallel rank holds its own heads' channels (`base_model_tp_plan`)
+        return phase_from_stacked(pre.unflatten(-1, (3, -1, self.phase_channels)), self.max_log_radius, 2)
 
 
 class ZPXAttention(nn.Module):
@@ -251,8 +251,8 @@ class ZPXAttention(nn.Module):
             dropout=self.attention_dropout if self.training else 0.0,
             **attention_kwargs,
         )
-        # [B, Lq, H, width] (an engine's may come flat, [tokens, H * width]); engine padding dropped
-        output = output.reshape(batch, length, self.num_heads, -1)[..., : self.head_dim].reshape(batch, length, -1)
+        # [B, Lq, H, width] (an engine's may come flat, [tokens, H * width]; H this rank's heads); padding dropped
+        output = output.reshape(batch, length, query.shape[1], -1)[..., : self.head_dim].reshape(batch, length, -1)
         projected = kept_linear(output, (self.o_proj,))  # decoding on CPU (see `kept_linear`)
         output = projected if projected is not None else self.o_proj(output)
         return output, weights, phase
@@ -268,7 +268,9 @@ class ZPXAttention(nn.Module):
             query, features, 1.0, self.lambda_angle / self.scaling, self.lambda_sphere / self.scaling
         )
         width = self.config.engine_head_dim
-        return tuple(x if x.shape[-1] == width else F.pad(x, (0, width - x.shape[-1])) for x in (query_aug, key_aug, value))
+        return tuple(
+            x if x.shape[-1] == width else F.pad(x, (0, width - x.shape[-1])) for x in (query_aug, key_aug, value)
+        )
 
     def fused_projections(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         """[q | k | v | W_r h | W_theta h | W_b h] as one matmul while `generate` keeps derived weights (a decoding

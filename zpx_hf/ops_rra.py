@@ -92,7 +92,13 @@ RRA_KERNELS = ("naive", "cpu", "triton", "decode", "export")
 # Names earlier versions used (configs, scripts, benchmarks): the same kernels.
 LEGACY_RRA_KERNELS = {"sequential": "naive", "scan": "cpu", "recurrent": "decode", "step": "decode"}
 RRA_ACCUMULATE = ("compact", "full")
-_KERNEL_FUNCTIONS = {"naive": rra_naive, "cpu": rra_cpu, "triton": rra_triton, "decode": rra_decode, "export": rra_export}
+_KERNEL_FUNCTIONS = {
+    "naive": rra_naive,
+    "cpu": rra_cpu,
+    "triton": rra_triton,
+    "decode": rra_decode,
+    "export": rra_export,
+}
 
 
 def resolve_rra_kernel(kernel: str, device: torch.device, length: int) -> str:

@@ -90,7 +90,9 @@ def rra_export(
         rotors = spin4_to_matrix(pairs)  # [B, L, H, 2, 4, 4]
         if initial is not None:  # `initial` continues the row's first document only
             continued = complex_matmul(to_matrix(initial)[:, None], rotors)
-            rotors = continued if segments is None else torch.where(segments[..., None, None, None, None] == 0, continued, rotors)
+            if segments is not None:
+                continued = torch.where(segments[..., None, None, None, None] == 0, continued, rotors)
+            rotors = continued
             state = from_matrix(project(rotors[:, -1]))
         else:
             state = spin4_to_multivector(pairs[:, -1])
