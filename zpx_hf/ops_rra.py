@@ -65,9 +65,9 @@ def identity_matrix(*shape: int, like: torch.Tensor) -> torch.Tensor:
 
 def document_restarts(document_ids: torch.Tensor) -> torch.Tensor:
     """[B, L] bool, True at the first token of a document that is not the row's first token."""
-    restarts = torch.zeros_like(document_ids, dtype=torch.bool)
-    restarts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
-    return restarts
+    # token t against token max(t - 1, 0) (itself at t = 0): no [B, L - 1] slices, on which export guards L != 2
+    previous = torch.arange(document_ids.shape[1], device=document_ids.device).sub(1).clamp(min=0)
+    return document_ids.index_select(1, previous) != document_ids
 
 
 def segment_bounds(restarts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
