@@ -234,7 +234,7 @@ class ZPXAttention(nn.Module):
             key, value = past_key_values.update(key, value, self.layer_idx)
             key, value = trim_static_cache(key, value, kv_length)
 
-        if engine:  # S = scaling q^ . k^: q^ / scaling, k^ and v zero-padded to the engine head size
+        if engine:  # S = scaling q^ . k^ (q^'s phase terms carry 1 / scaling), all zero-padded to one head size
             query, key, value = self.engine_inputs(query, key, value, features)
             attention_mask = engine_mask
         else:  # the family's kernels: q, k^, v, the padding mask, the queries' phase features, documents
