@@ -1,9 +1,9 @@
 """torch.export with dynamic batch and sequence, and ONNX through the dynamo exporter run by onnxruntime, at
 shapes other than the example's; logits within 1e-4 of eager (every family, and Llama beside them).
 
-Versor's RRA mixer (and so the hybrid) does not export yet: its log-depth scan is a Python loop over the
-sequence (the exported graph specialises the length) and its rotor products use complex dtypes, which the
-ONNX exporter refuses. Those cases are strict xfails, so a fix shows up.
+Versor's RRA mixer (and so the hybrid) exports through its "export" kernel (ops_rra_export.py: real
+arithmetic, a scan traced once for every length), which "auto" picks under export; it is tested here
+against the eager kernels in float64.
 """
 
 import pytest
@@ -16,12 +16,7 @@ import zpx_hf  # noqa: F401
 
 EXAMPLE = (2, 12)
 OTHER_SHAPES = ((3, 7), (1, 20))  # batch 1 and a longer sequence than the example
-RRA_GAP = pytest.mark.xfail(
-    strict=True, reason="RRA: the scan loops over the sequence in Python and multiplies complex rotors"
-)
-CASES = ("llama", "zpx", "pct", "versor-gpa", pytest.param("versor-rra", marks=RRA_GAP))
-# the ONNX conversion of RRA's complex graph fails only after minutes: not run (the torch.export xfail shows the gap)
-ONNX_CASES = (*CASES[:-1], pytest.param("versor-rra", marks=pytest.mark.xfail(run=False, reason="complex dtypes")))
+CASES = ("llama", "zpx", "pct", "versor-gpa", "versor-rra", "versor-hybrid")
 
 
 class Logits(torch.nn.Module):
@@ -74,7 +69,7 @@ def test_torch_export_dynamic_batch_and_sequence(case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ONNX_CASES)
+@pytest.mark.parametrize("case", CASES)
 def test_onnx_dynamo_export_runs_in_onnxruntime(case, tmp_path):
     pytest.importorskip("onnxscript")
     ort = pytest.importorskip("onnxruntime")
@@ -94,3 +89,84 @@ def test_onnx_dynamo_export_runs_in_onnxruntime(case, tmp_path):
         (logits,) = session.run(None, {"input_ids": ids.numpy()})
         with torch.no_grad():
             assert_close_to_eager(torch.from_numpy(logits), model(ids))
+
+
+# ---- RRA's export kernel: the same function as the eager kernels, and the op exported on its own ----
+
+RRA_GRID = [(1, 1, 1, 1), (2, 7, 3, 2), (2, 70, 1, 1)]  # L > 64: the reference re-projects
+
+
+def rra_inputs(batch, length, heads, channels, accumulate, seed=0, dtype=torch.float64):
+    from zpx_hf.clifford_algebra import BOOST_INDICES, rotor_exp
+
+    generator = torch.Generator().manual_seed(seed)
+    bivectors = torch.tanh(torch.randn(batch, length, heads, 10, generator=generator, dtype=torch.float64))
+    if accumulate == "full":  # boosts accumulate: keep |R| modest
+        bivectors[..., list(BOOST_INDICES)] *= 0.1
+    value = torch.randn(batch, length, heads, channels, 32, generator=generator, dtype=torch.float64)
+    initial = rotor_exp(0.4 * torch.randn(batch, heads, 10, generator=generator, dtype=torch.float64))
+    documents = torch.randint(0, 3, (batch, length), generator=generator).sort(-1).values
+    return bivectors.to(dtype), value.to(dtype), initial.to(dtype), documents
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["one-document", "packed"])
+@pytest.mark.parametrize("with_initial", [False, True], ids=["from-1", "from-state"])
+@pytest.mark.parametrize("accumulate", ["compact", "full"])
+@pytest.mark.parametrize("shape", RRA_GRID, ids=[f"B{b}-L{l}-H{h}-C{c}" for b, l, h, c in RRA_GRID])
+def test_rra_export_kernel_equals_naive_and_cpu_float64(shape, accumulate, with_initial, packed):
+    from zpx_hf.ops_rra import recursive_rotor_accumulator
+
+    bivectors, value, initial, documents = rra_inputs(*shape, accumulate)
+    leaves = [x.requires_grad_(True) for x in (bivectors, value, initial)]
+    arguments = dict(accumulate=accumulate, document_ids=documents if packed else None)
+
+    def run(kernel):
+        out, state = recursive_rotor_accumulator(
+            leaves[0], leaves[1], initial=leaves[2] if with_initial else None, kernel=kernel, **arguments
+        )
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        loss = (out * weights).sum() + state.sum()
+        return [out.detach(), state.detach(), *torch.autograd.grad(loss, leaves[:2])]
+
+    got = run("export")
+    for kernel in ("naive", "cpu"):
+        for g, w in zip(got, run(kernel)):
+            assert float((g - w).abs().max()) <= 1e-10 * float(w.abs().max()), kernel
+
+
+def test_auto_takes_the_export_kernel_only_while_exporting(monkeypatch):
+    from zpx_hf.ops_rra import resolve_rra_kernel
+
+    cpu = torch.device("cpu")
+    assert resolve_rra_kernel("auto", cpu, 12) == "cpu" and resolve_rra_kernel("auto", cpu, 1) == "decode"
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    assert resolve_rra_kernel("auto", cpu, 12) == "export" and resolve_rra_kernel("auto", cpu, 1) == "export"
+
+
+class RRAOp(torch.nn.Module):
+    def forward(self, bivectors, value, documents):
+        from zpx_hf.ops_rra import recursive_rotor_accumulator
+
+        return recursive_rotor_accumulator(bivectors, value, document_ids=documents)
+
+
+@pytest.mark.slow
+def test_rra_with_documents_exports_and_runs_in_onnxruntime(tmp_path):
+    """Packed rows too (document ids as an input); float32, ORT within 1e-4 of eager at other shapes."""
+    ort = pytest.importorskip("onnxruntime")
+    dims = {0: Dim("batch", max=32), 1: Dim("sequence", min=2, max=64)}
+
+    def inputs(batch, length):
+        bivectors, value, _, documents = rra_inputs(batch, length, 2, 1, "compact", seed=length, dtype=torch.float32)
+        return bivectors, value, documents
+
+    program = torch.onnx.export(
+        RRAOp(), inputs(2, 12), dynamo=True, input_names=["b", "v", "d"], dynamic_shapes=(dims, dims, dims)
+    )
+    program.save(str(tmp_path / "rra.onnx"))
+    session = ort.InferenceSession(str(tmp_path / "rra.onnx"), providers=["CPUExecutionProvider"])
+    for shape in OTHER_SHAPES:
+        bivectors, value, documents = inputs(*shape)
+        outputs = session.run(None, {"b": bivectors.numpy(), "v": value.numpy(), "d": documents.numpy()})
+        for got, want in zip(outputs, RRAOp()(bivectors, value, documents)):
+            assert_close_to_eager(torch.from_numpy(got), want)

@@ -1,6 +1,6 @@
 """Serving through softmax engines: ZPX reaches transformers' global AttentionInterface with the standard
-signature (augmented q^ / k^, zero-padded values, scale 1) and computes its own logits there; PCT and Versor
-refuse softmax-engine implementations by name, saying why."""
+signature (augmented q^ / k^, zero-padded values, the standard scale 1/sqrt(d)) and computes its own logits
+there; PCT and Versor refuse softmax-engine implementations by name, saying why. ZPX's tensor-parallel plan."""
 
 import pytest
 import torch
@@ -10,7 +10,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 import zpx_hf  # noqa: F401
-from zpx_hf.modeling_zpx import ENGINE_HEAD_MULTIPLE
+from zpx_hf.configuration_zpx import ENGINE_HEAD_MULTIPLE
 
 RECORDING = "zpx_test_recording_sdpa"
 CALLS = []
@@ -54,8 +54,9 @@ def test_global_attention_function_gives_zpx_logits():
     config = model.config
     width = config.head_dim + 5 * config.phase_channels  # d + 5C
     padded = -(-width // ENGINE_HEAD_MULTIPLE) * ENGINE_HEAD_MULTIPLE
+    assert config.engine_head_dim == padded  # the head size an engine's KV cache is sized by
     for call in CALLS:
-        assert call["scaling"] == 1.0  # q^ carries 1/sqrt(d) and the lambdas
+        assert call["scaling"] == config.head_dim**-0.5  # S = scaling q^ . k^: q^ carries lambda / (C scaling)
         assert all(shape[-1] == padded for shape in call["shapes"])
         assert "engine_metadata" in call["kwargs"]  # the model's kwargs reach the attention function
 
@@ -97,3 +98,56 @@ def test_zpx_flex_attention_gives_zpx_logits():
         logits = model(ids).logits
     scale = reference.abs().max()
     assert (logits - reference).abs().max() <= 64 * torch.finfo(torch.float32).eps * scale
+
+
+def test_zpx_tp_plan_names_real_linears_and_shards_by_heads():
+    """`base_model_tp_plan`: every rule names `nn.Linear`s of the backbone (and every backbone projection but the
+    embedding has a rule), and the sharding is exact: two emulated ranks, each with half the heads (colwise rows of
+    q, k, v and the phase encoder) and half of o_proj's columns (rowwise), sum to the full attention output; the
+    MLP likewise (float64). Tensor parallelism itself needs several processes; not run here."""
+    import re
+
+    def wildcard(name):
+        return re.sub(r"\.\d+\.", ".*.", name)
+
+    model = zpx_model()
+    backbone = model.model
+    plan = backbone.config.base_model_tp_plan
+    linears = {name for name, module in backbone.named_modules() if isinstance(module, torch.nn.Linear)}
+    for rule in plan:
+        matched = [name for name in linears if re.fullmatch(rule.replace("*", r"\d+"), name)]
+        assert len(matched) == backbone.config.num_hidden_layers, rule
+    assert {wildcard(name) for name in linears} == set(plan)
+
+    tp = 2
+    config = backbone.config
+    layer = backbone.layers[0]
+    hidden = torch.randn(2, 7, config.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(7)[None].expand(2, -1)
+    rotary = backbone.position_embeddings(hidden, positions)
+    with torch.no_grad():
+        full_attention = layer.self_attn(hidden, rotary)[0]
+        full_mlp = layer.mlp(hidden)
+        shard_config = make_tiny_config(
+            "zpx",
+            num_attention_heads=config.num_attention_heads // tp,
+            head_dim=config.head_dim,
+            intermediate_size=config.intermediate_size // tp,
+        )
+        attention_sum = torch.zeros_like(full_attention)
+        mlp_sum = torch.zeros_like(full_mlp)
+        for rank in range(tp):
+            shard = type(model)(shard_config).double().eval()
+            for name, parameter in shard.model.layers[0].named_parameters():
+                source = layer.get_parameter(name)
+                style = plan.get(wildcard(f"layers.0.{name.rsplit('.', 1)[0]}"))
+                if style == "colwise":  # output rows (and biases) by heads
+                    source = source.chunk(tp, dim=0)[rank]
+                elif style == "rowwise":  # input columns by heads (a bias would be added once, after the sum)
+                    assert name.endswith("weight"), name
+                    source = source.chunk(tp, dim=1)[rank]
+                parameter.copy_(source)
+            attention_sum += shard.model.layers[0].self_attn(hidden, rotary)[0]
+            mlp_sum += shard.model.layers[0].mlp(hidden)
+    torch.testing.assert_close(attention_sum, full_attention, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(mlp_sum, full_mlp, atol=1e-12, rtol=1e-12)

@@ -6,6 +6,8 @@ from typing import Any
 
 from .configuration_common import LOGIT_SCALE_LIMIT, GeometricConfig, Rule, _fail
 
+# Fused softmax kernels (flash, cuDNN, paged, vLLM's) take head sizes that are multiples of 8.
+ENGINE_HEAD_MULTIPLE = 8
 _WHY = "Past the float16 maximum the score's weight is inf in a half-precision model (NaN attention)."
 
 
@@ -28,6 +30,22 @@ class ZPXConfig(GeometricConfig):
     """
 
     model_type = "zpx"
+    # Tensor parallelism as Llama's: heads are independent, so q, k, v and the phase encoder (each output
+    # [H, C] head-major, like q's [H, d]) split by heads (colwise), o_proj sums the heads' parts (rowwise); the
+    # MLP as Llama's. No pipeline plan: the layers return (hidden, weights, phase) tuples and take the
+    # backbone's position embeddings, padding mask and documents, not Llama's (hidden_states, attention_mask).
+    base_model_tp_plan = {
+        "layers.*.self_attn.q_proj": "colwise",
+        "layers.*.self_attn.k_proj": "colwise",
+        "layers.*.self_attn.v_proj": "colwise",
+        "layers.*.self_attn.phase_encoder.to_log_r": "colwise",
+        "layers.*.self_attn.phase_encoder.to_theta": "colwise",
+        "layers.*.self_attn.phase_encoder.to_b": "colwise",
+        "layers.*.self_attn.o_proj": "rowwise",
+        "layers.*.mlp.gate_proj": "colwise",
+        "layers.*.mlp.up_proj": "colwise",
+        "layers.*.mlp.down_proj": "rowwise",
+    }
 
     def __init__(
         self,
@@ -62,6 +80,13 @@ class ZPXConfig(GeometricConfig):
                 f"{LOGIT_SCALE_LIMIT:g}, the float16 maximum: the score's angle and sphere terms add up to it.",
             )
 
+    @property
+    def engine_head_dim(self) -> int:
+        """The head size a softmax engine computes ZPX with, and so the width of its KV cache: q^ and k^ are
+        `d + 5C` wide ([k, cos phi, sin phi, s]), zero-padded with the values to a multiple of
+        `ENGINE_HEAD_MULTIPLE`. (`head_dim` stays d, the width of q, k and v.)"""
+        return -(-(self.head_dim + 5 * self.phase_channels) // ENGINE_HEAD_MULTIPLE) * ENGINE_HEAD_MULTIPLE
+
     field_rules = {
         **GeometricConfig.field_rules,
         "phase_channels": Rule("int", minimum=1),
@@ -76,4 +101,4 @@ class ZPXConfig(GeometricConfig):
     }
 
 
-__all__ = ["ZPXConfig"]
+__all__ = ["ENGINE_HEAD_MULTIPLE", "ZPXConfig"]

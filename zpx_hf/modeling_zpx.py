@@ -53,23 +53,55 @@ from .ops_zpx import (
 )
 from .rotary_srpe import apply_rotary, build_rotary
 
-# Model-local registry into the op's entry: "eager" falls back to the reference passed to `get_interface`.
-zpx_attention_eager = functools.partial(zpx_attention, kernel="naive")
+
+def zpx_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    *,
+    query_features: torch.Tensor,
+    document_ids: torch.Tensor | None = None,
+    kernel: str = "auto",
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The family's own implementations in the standard signature: q [B, H, Lq, d], k^ [B, H, Lk, d + 5C], v, the
+    padding mask [B, Lk] bool (or None), and the queries' phase features; the lambdas and causality from the module.
+    Other kwargs (a softmax engine's metadata) are not the family's."""
+    return zpx_attention(
+        query,
+        key,
+        value,
+        query_features,
+        attention_mask,
+        causal=module.is_causal,
+        scaling=scaling,
+        lambda_angle=module.lambda_angle,
+        lambda_sphere=module.lambda_sphere,
+        dropout=dropout,
+        document_ids=document_ids,
+        kernel=kernel,
+    )
+
+
+# Model-local registry into the op's entry: "eager" falls back to the reference passed to `get_interface`; every
+# other name (flash, flex, paged, an engine's such as vLLM's) reads transformers' global registry through it.
+zpx_attention_eager = functools.partial(zpx_attention_forward, kernel="naive")
 ALL_ATTENTION_FUNCTIONS = AttentionInterface()
-ALL_ATTENTION_FUNCTIONS["sdpa"] = functools.partial(zpx_attention, kernel="auto")
-
-# Fused softmax kernels (flash, cuDNN, paged) take head sizes that are multiples of 8: q^, k^ and v are padded to one.
-ENGINE_HEAD_MULTIPLE = 8
+ALL_ATTENTION_FUNCTIONS["sdpa"] = functools.partial(zpx_attention_forward, kernel="auto")
 
 
-def softmax_engine(config: ZPXConfig, output_attentions: bool = False) -> Any:
-    """transformers' global attention function named by `attn_implementation` when it is not one of the family's
-    own ("eager", "sdpa"): flash, flex, paged, or one a serving engine registers. None otherwise (and for
-    `output_attentions=True`, which the eager reference serves)."""
+def zpx_implementation(config: ZPXConfig, output_attentions: bool = False) -> str:
+    """The implementation ZPX attention runs: a softmax engine's name from transformers' global AttentionInterface
+    (flash, flex, paged, or one a serving engine registers) as set, else the family's ("eager" for
+    `output_attentions=True`, whose weights only the reference materialises)."""
     name = config._attn_implementation
     if output_attentions or name is None or name in ATTENTION_IMPLEMENTATIONS or name not in GLOBAL_ATTENTION_FUNCTIONS:
-        return None
-    return GLOBAL_ATTENTION_FUNCTIONS[name]
+        return attention_implementation(config, output_attentions)
+    return name
 
 
 @dataclass
@@ -131,7 +163,8 @@ class ZPXPhaseEncoder(nn.Module):
 
     def phase_from_pre_activations(self, pre: torch.Tensor) -> PhaseState:
         """PhaseState from [W_r h | W_theta h | W_b h] [B, L, 3HC]."""
-        return phase_from_stacked(pre.unflatten(-1, (3, self.num_heads, self.phase_channels)), self.max_log_radius, 2)
+        # heads from the width (-1): a tensor-parallel rank holds its own heads' channels (`base_model_tp_plan`)
+        return phase_from_stacked(pre.unflatten(-1, (3, -1, self.phase_channels)), self.max_log_radius, 2)
 
 
 class ZPXAttention(nn.Module):
@@ -167,8 +200,9 @@ class ZPXAttention(nn.Module):
         **attention_kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None, PhaseState]:
         batch, length = hidden_states.shape[:2]
-        engine = softmax_engine(self.config, output_attentions)
-        if engine is not None:  # the engine's own mask, from the padding mask and the cache before this step
+        implementation = zpx_implementation(self.config, output_attentions)
+        engine = implementation not in ATTENTION_IMPLEMENTATIONS
+        if engine:  # the engine's own mask, from the padding mask and the cache before this step
             engine_mask = create_causal_mask(
                 self.config, hidden_states, padding_mask, past_key_values, layer_idx=self.layer_idx
             )
@@ -194,83 +228,49 @@ class ZPXAttention(nn.Module):
         features = phase_key_features(phase).transpose(1, 2)  # [B, H, L, 5C]
         if features.dtype != query.dtype:  # half precision: the phase is computed in float32
             features = features.to(query.dtype)
-        key_aug = torch.cat((key, features), dim=-1)
+        key = torch.cat((key, features), dim=-1)  # k^ = [k, cos, sin, s]
         if past_key_values is not None:
-            pad_content_only_keys(past_key_values, self.layer_idx, key_aug.shape[-1])
-            key_aug, value = past_key_values.update(key_aug, value, self.layer_idx)
-            key_aug, value = trim_static_cache(key_aug, value, kv_length)
+            pad_content_only_keys(past_key_values, self.layer_idx, key.shape[-1])
+            key, value = past_key_values.update(key, value, self.layer_idx)
+            key, value = trim_static_cache(key, value, kv_length)
 
-        if engine is not None:
-            output, weights = self.engine_attention(
-                engine, query, key_aug, value, features, engine_mask, **attention_kwargs
-            )
-        else:
-            output, weights = self.family_attention(
-                query, key_aug, value, features, padding_mask, output_attentions, document_ids
-            )
-        output = output.reshape(batch, length, -1)
+        if engine:  # S = scaling q^ . k^ (q^'s phase terms carry 1 / scaling), all zero-padded to one head size
+            query, key, value = self.engine_inputs(query, key, value, features)
+            attention_mask = engine_mask
+        else:  # the family's kernels: q, k^, v, the padding mask, the queries' phase features, documents
+            attention_mask = padding_mask
+            attention_kwargs = {**attention_kwargs, "query_features": features, "document_ids": document_ids}
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, zpx_attention_eager)
+        output, weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=self.scaling,
+            dropout=self.attention_dropout if self.training else 0.0,
+            **attention_kwargs,
+        )
+        # [B, Lq, H, width] (an engine's may come flat, [tokens, H * width]; H this rank's heads); padding dropped
+        output = output.reshape(batch, length, query.shape[1], -1)[..., : self.head_dim].reshape(batch, length, -1)
         projected = kept_linear(output, (self.o_proj,))  # decoding on CPU (see `kept_linear`)
         output = projected if projected is not None else self.o_proj(output)
         return output, weights, phase
 
-    def family_attention(
-        self,
-        query: torch.Tensor,
-        key_aug: torch.Tensor,
-        value: torch.Tensor,
-        features: torch.Tensor,
-        padding_mask: torch.Tensor | None,
-        output_attentions: bool,
-        document_ids: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The family's own implementations ("eager": the term-by-term reference, "sdpa": the fast form)."""
-        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-            attention_implementation(self.config, output_attentions), zpx_attention_eager
+    def engine_inputs(
+        self, query: torch.Tensor, key_aug: torch.Tensor, value: torch.Tensor, features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What a softmax engine computes ZPX from, with the standard `scaling` = 1/sqrt(d): S = scaling q^ . k^
+        exactly, for q^ = [q, (la / (C scaling)) cos phi, (la / (C scaling)) sin phi, (ls / (C scaling)) s] and
+        k^ = [k, cos, sin, s]; q^, k^ and v zero-padded to `config.engine_head_dim` (zero columns add nothing to
+        q^ . k^ and give zero outputs, dropped by the caller)."""
+        query_aug = augment_query(
+            query, features, 1.0, self.lambda_angle / self.scaling, self.lambda_sphere / self.scaling
         )
-        return attention_interface(
-            query,
-            key_aug,
-            value,
-            features,
-            padding_mask,
-            causal=self.is_causal,
-            scaling=self.scaling,
-            lambda_angle=self.lambda_angle,
-            lambda_sphere=self.lambda_sphere,
-            dropout=self.attention_dropout if self.training else 0.0,
-            document_ids=document_ids,
-        )
-
-    def engine_attention(
-        self,
-        engine: Any,
-        query: torch.Tensor,
-        key_aug: torch.Tensor,
-        value: torch.Tensor,
-        features: torch.Tensor,
-        attention_mask: Any,
-        **attention_kwargs: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """ZPX through a softmax engine's attention function, standard signature (module, query, key, value,
-        attention_mask, scaling, **kwargs). S = q^ . k^ exactly, so the engine gets q^ (already scaled: scaling 1),
-        k^ and v zero-padded to one head size, a multiple of `ENGINE_HEAD_MULTIPLE` (zero columns add nothing to
-        q^ . k^ and give zero outputs, dropped here). Output [B, Lq, H, d]."""
-        query_aug = augment_query(query, features, self.scaling, self.lambda_angle, self.lambda_sphere)
-        width = -(-key_aug.shape[-1] // ENGINE_HEAD_MULTIPLE) * ENGINE_HEAD_MULTIPLE
-        query_aug, key_aug, padded_value = (
+        width = self.config.engine_head_dim
+        return tuple(
             x if x.shape[-1] == width else F.pad(x, (0, width - x.shape[-1])) for x in (query_aug, key_aug, value)
         )
-        output, weights = engine(
-            self,
-            query_aug,
-            key_aug,
-            padded_value,
-            attention_mask,
-            scaling=1.0,
-            dropout=self.attention_dropout if self.training else 0.0,
-            **attention_kwargs,
-        )
-        return output[..., : value.shape[-1]], weights
 
     def fused_projections(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         """[q | k | v | W_r h | W_theta h | W_b h] as one matmul while `generate` keeps derived weights (a decoding

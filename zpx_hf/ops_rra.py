@@ -21,9 +21,12 @@ tested against it); earlier names still select them (`LEGACY_RRA_KERNELS`):
 * `"cpu"` - `ops_rra_cpu.py`: closed-form rotors, a log-depth scan, structure-of-arrays complex products
   (earlier: "scan").
 * `"triton"` - `ops_rra_triton.py`: a Triton scan kernel (forward and backward), CUDA.
+* `"export"` - `ops_rra_export.py`: real arithmetic and a scan traced independently of the length, for
+  `torch.export` / ONNX (what "auto" picks while exporting).
 * `"decode"` - `ops_rra_decode.py`: lean single-token steps (tables and matmuls, few ops): generation
   (earlier: "recurrent").
-* `"auto"` - decode for a single token (generation with the cache), else triton for CUDA tensors when
+* `"auto"` - export while `torch.compiler.is_exporting()`, else decode for a single token (generation with
+  the cache), else triton for CUDA tensors when
   Triton imports, else cpu.
 
 `recursive_rotor_accumulator` checks the inputs once and resolves the kernel once; kernels only compute.
@@ -62,9 +65,9 @@ def identity_matrix(*shape: int, like: torch.Tensor) -> torch.Tensor:
 
 def document_restarts(document_ids: torch.Tensor) -> torch.Tensor:
     """[B, L] bool, True at the first token of a document that is not the row's first token."""
-    restarts = torch.zeros_like(document_ids, dtype=torch.bool)
-    restarts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
-    return restarts
+    # token t against token max(t - 1, 0) (itself at t = 0): no [B, L - 1] slices, on which export guards L != 2
+    previous = torch.arange(document_ids.shape[1], device=document_ids.device).sub(1).clamp(min=0)
+    return document_ids.index_select(1, previous) != document_ids
 
 
 def segment_bounds(restarts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,20 +84,29 @@ def segment_bounds(restarts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # The kernels import the pieces above from here, so they are defined first.
 from .ops_rra_cpu import accumulated_rotors, from_soa, rra_cpu  # noqa: E402
 from .ops_rra_decode import rra_decode  # noqa: E402
+from .ops_rra_export import rra_export  # noqa: E402
 from .ops_rra_naive import rra_naive  # noqa: E402
 from .ops_rra_triton import rra_triton  # noqa: E402
 
-RRA_KERNELS = ("naive", "cpu", "triton", "decode")
+RRA_KERNELS = ("naive", "cpu", "triton", "decode", "export")
 # Names earlier versions used (configs, scripts, benchmarks): the same kernels.
 LEGACY_RRA_KERNELS = {"sequential": "naive", "scan": "cpu", "recurrent": "decode", "step": "decode"}
 RRA_ACCUMULATE = ("compact", "full")
-_KERNEL_FUNCTIONS = {"naive": rra_naive, "cpu": rra_cpu, "triton": rra_triton, "decode": rra_decode}
+_KERNEL_FUNCTIONS = {
+    "naive": rra_naive,
+    "cpu": rra_cpu,
+    "triton": rra_triton,
+    "decode": rra_decode,
+    "export": rra_export,
+}
 
 
 def resolve_rra_kernel(kernel: str, device: torch.device, length: int) -> str:
     """The kernel that runs, a name of `RRA_KERNELS` (old names mapped; "auto" resolved for this call)."""
     kernel = LEGACY_RRA_KERNELS.get(kernel, kernel)
     if kernel == "auto":
+        if torch.compiler.is_exporting():  # the scans loop over the length in Python; export traces once
+            return "export"
         if length == 1:
             return "decode"
         return "triton" if HAS_TRITON and device.type == "cuda" else "cpu"
