@@ -226,24 +226,36 @@ def test_zpx_kernel_names_one_vocabulary_and_earlier_names_map():
         resolve_kernel("flash", query)
 
 
-def test_kernel_files_import_only_the_shared_ops_module():
-    """The data path reads modeling -> ops entry -> kernel: kernels import `ops_common` only (no modeling code,
-    no other kernel, no entry), and the entries import no modeling code."""
+# What a kernel file of each op may import (README, "How a config field reaches a kernel"): the shared ops
+# module, the algebra, its entry's constant tables; RRA's Triton wrapper reuses the CPU kernel's helpers.
+KERNEL_IMPORTS = {
+    "zpx": {"ops_common"},
+    "pct": {"ops_common"},
+    "gpa": {"ops_common", "clifford_algebra", "ops_gpa"},
+    "rra": {"ops_common", "clifford_algebra", "ops_rra", "ops_rra_cpu"},
+}
+
+
+@pytest.mark.parametrize("op", list(KERNEL_IMPORTS))
+def test_kernel_files_import_only_the_shared_ops_module(op):
+    """The data path reads modeling -> ops entry -> kernel: kernels import `ops_common` (and for the algebra
+    ops the algebra and their entry's tables), never modeling code; the entries import no modeling code."""
     import ast
     from pathlib import Path
 
     import zpx_hf
 
-    folder = Path(zpx_hf.__file__).parent
-    for path in sorted(folder.glob("ops_zpx*.py")) + sorted(folder.glob("ops_pct*.py")):
+    paths = sorted(Path(zpx_hf.__file__).parent.glob(f"ops_{op}*.py"))
+    assert len(paths) >= 3
+    for path in paths:
         imported = {
             node.module
             for node in ast.walk(ast.parse(path.read_text()))
             if isinstance(node, ast.ImportFrom) and node.level == 1
         }
         assert not any(name.startswith("modeling") for name in imported), (path.name, imported)
-        if path.stem not in ("ops_zpx", "ops_pct"):  # a kernel file
-            assert imported <= {"ops_common"}, (path.name, imported)
+        if path.stem != f"ops_{op}":  # a kernel file
+            assert imported <= KERNEL_IMPORTS[op], (path.name, imported)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
