@@ -4,9 +4,10 @@ The documents (`--documents` of random lengths in [`--min-length`, `--max-length
 right-padded batch with an attention mask (what a padding collator gives) and as one packed row with
 restarting `position_ids` (what `DataCollatorWithFlattening` and TRL's packing give): equal real tokens.
 Both modes alternate inside one process, rounds after a warm-up; the table gives the median step time
-and the packed / padded ratio measured in that run, per family (and a same-size `LlamaForCausalLM`).
+and the packed / padded ratio measured in that run (median of the per-round ratios), per family, per
+Versor mixer (`versor-gpa`, `versor-rra`, `versor-hybrid`) and for a same-size `LlamaForCausalLM`.
 
-Usage:  python benchmarks/bench_packing.py [--families zpx pct llama] [--rounds 7]
+Usage:  python benchmarks/bench_packing.py [--families zpx pct versor-gpa llama] [--rounds 7]
 Writes benchmarks/results/bench_packing.md and .csv.
 """
 
@@ -14,11 +15,19 @@ from __future__ import annotations
 
 import argparse
 import csv
+import sys
 from pathlib import Path
 
-from measure import interleaved_times, medians  # benchmarks/measure.py
+from measure import interleaved_times, median_ratio, medians  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
+VERSOR_MIXERS = ["versor-gpa", "versor-rra", "versor-hybrid"]
+NAMES = {
+    "zpx": "ZPXForCausalLM",
+    "pct": "PCTForCausalLM",
+    "llama": "LlamaForCausalLM",
+    **{name: f"VersorForCausalLM, mixer {name.removeprefix('versor-')}" for name in VERSOR_MIXERS},
+}
 
 
 def build_model(family: str, args: argparse.Namespace):
@@ -37,6 +46,8 @@ def build_model(family: str, args: argparse.Namespace):
     )
     if family == "llama":
         config = LlamaConfig(**size, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    elif family.startswith("versor-"):  # one Versor model per mixer: versor-gpa, versor-rra, versor-hybrid
+        config = zpx_hf.VersorConfig(**size, mixer=family.removeprefix("versor-"))
     else:
         config = zpx_hf.FAMILIES[family][0](**size)
     torch.manual_seed(0)
@@ -61,6 +72,47 @@ def batches(args: argparse.Namespace) -> tuple[dict, dict, int]:
     return padded, dict(packed), sum(lengths)
 
 
+def add_size_arguments(parser: argparse.ArgumentParser, documents: int, max_length: int) -> None:
+    """The documents, model sizes and rounds both this benchmark and bench_padded_regression.py take."""
+    parser.add_argument("--documents", type=int, default=documents)
+    parser.add_argument("--min-length", type=int, default=32)
+    parser.add_argument("--max-length", type=int, default=max_length)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, prints only")
+
+
+def quick_sizes(args: argparse.Namespace) -> None:
+    """`--quick`: a smoke run's tiny sizes."""
+    if args.quick:
+        args.documents, args.min_length, args.max_length, args.rounds = 4, 8, 32, 1
+
+
+def setting(args: argparse.Namespace, script: str) -> str:
+    """The first words of a results file: the documents, the model sizes and the command run."""
+    command = " ".join([f"python benchmarks/{script}", *sys.argv[1:]])
+    return (
+        f"{args.documents} documents of {args.min_length}-{args.max_length} tokens (seed {args.seed}), hidden "
+        f"{args.hidden}, {args.layers} layers, {args.heads} heads, sdpa, fp32, CPU, {args.threads} thread(s); "
+        f"`{command}`"
+    )
+
+
+def write_results(name: str, rows: list[dict], lines: list[str]) -> None:
+    """benchmarks/results/<name>.csv (the rows) and .md (the lines), printed too."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS / f"{name}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def step(model, batch: dict) -> None:
     loss = model(**batch, use_cache=False).loss
     loss.backward()
@@ -69,20 +121,10 @@ def step(model, batch: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", nargs="+", default=["zpx", "pct", "llama"])
-    parser.add_argument("--documents", type=int, default=16)
-    parser.add_argument("--min-length", type=int, default=32)
-    parser.add_argument("--max-length", type=int, default=512)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, prints only")
+    parser.add_argument("--families", nargs="+", default=["zpx", "pct", *VERSOR_MIXERS, "llama"])
+    add_size_arguments(parser, documents=16, max_length=512)
     args = parser.parse_args()
-    if args.quick:
-        args.documents, args.min_length, args.max_length, args.rounds = 4, 8, 32, 1
+    quick_sizes(args)
 
     import torch
 
@@ -103,36 +145,28 @@ def main() -> None:
                 "padded_tokens": padded["input_ids"].numel(),
                 "padded_ms": round(padded_ms, 1),
                 "packed_ms": round(packed_ms, 1),
-                "packed_over_padded": round(packed_ms / padded_ms, 3),
+                "packed_over_padded": round(median_ratio(times, "packed", "padded"), 3),
             }
         )
         print(rows[-1], flush=True)
     if args.quick:
         return
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS / "bench_packing.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    names = {"zpx": "ZPXForCausalLM", "pct": "PCTForCausalLM", "llama": "LlamaForCausalLM"}
     lines = [
-        f"Training step (forward + backward), {args.documents} documents of {args.min_length}-{args.max_length} "
-        f"tokens (seed {args.seed}), hidden {args.hidden}, {args.layers} layers, {args.heads} heads, sdpa, fp32, "
-        f"CPU, {args.threads} thread(s); `python benchmarks/bench_packing.py`. Padded: one right-padded batch with "
-        "an attention mask; packed: one row from `DataCollatorWithFlattening` (restarting position_ids). Median "
-        f"of {args.rounds} interleaved rounds in one process.",
+        f"Training step (forward + backward), {setting(args, 'bench_packing.py')}. Padded: one right-padded batch "
+        "with an attention mask; packed: one row from `DataCollatorWithFlattening` (restarting position_ids). Median "
+        f"of {args.rounds} interleaved rounds in one process; packed / padded is the median of the per-round "
+        "ratios.",
         "",
         "| model | real tokens | padded tokens | padded ms | packed ms | packed / padded |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         lines.append(
-            f"| {names.get(row['family'], row['family'])} | {row['real_tokens']:,} | {row['padded_tokens']:,} | "
+            f"| {NAMES.get(row['family'], row['family'])} | {row['real_tokens']:,} | {row['padded_tokens']:,} | "
             f"{row['padded_ms']:.1f} | {row['packed_ms']:.1f} | {row['packed_over_padded']:.2f}x |"
         )
-    (RESULTS / "bench_packing.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results("bench_packing", rows, lines)
 
 
 if __name__ == "__main__":

@@ -226,21 +226,56 @@ def test_zpx_kernel_names_one_vocabulary_and_earlier_names_map():
         resolve_kernel("flash", query)
 
 
-def test_kernel_files_import_only_the_shared_ops_module():
-    """The data path reads modeling -> ops entry -> kernel: kernels import `ops_common` only (no modeling code,
-    no other kernel, no entry), and the entries import no modeling code."""
+# What a kernel file of each op may import (README, "How a config field reaches a kernel"): the shared ops
+# module, the algebra, its entry's constant tables; RRA's Triton wrapper reuses the CPU kernel's helpers.
+KERNEL_IMPORTS = {
+    "zpx": {"ops_common"},
+    "pct": {"ops_common"},
+    "gpa": {"ops_common", "clifford_algebra", "ops_gpa"},
+    "rra": {"ops_common", "clifford_algebra", "ops_rra", "ops_rra_cpu"},
+}
+
+
+@pytest.mark.parametrize("op", list(KERNEL_IMPORTS))
+def test_kernel_files_import_only_the_shared_ops_module(op):
+    """The data path reads modeling -> ops entry -> kernel: kernels import `ops_common` (and for the algebra
+    ops the algebra and their entry's tables), never modeling code; the entries import no modeling code."""
     import ast
     from pathlib import Path
 
     import zpx_hf
 
-    folder = Path(zpx_hf.__file__).parent
-    for path in sorted(folder.glob("ops_zpx*.py")) + sorted(folder.glob("ops_pct*.py")):
+    paths = sorted(Path(zpx_hf.__file__).parent.glob(f"ops_{op}*.py"))
+    assert len(paths) >= 3
+    for path in paths:
         imported = {
             node.module
             for node in ast.walk(ast.parse(path.read_text()))
             if isinstance(node, ast.ImportFrom) and node.level == 1
         }
         assert not any(name.startswith("modeling") for name in imported), (path.name, imported)
-        if path.stem not in ("ops_zpx", "ops_pct"):  # a kernel file
-            assert imported <= {"ops_common"}, (path.name, imported)
+        if path.stem != f"ops_{op}":  # a kernel file
+            assert imported <= KERNEL_IMPORTS[op], (path.name, imported)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_pct_triton_skips_other_documents_tiles_exactly(causal):
+    """Documents longer than a tile (64 in the interpreter): query tiles start past earlier documents' key
+    tiles and key tiles stop before later documents' query tiles; output and every gradient equal the naive
+    path (fp32, sums over <= 100 terms)."""
+    g = torch.Generator().manual_seed(5)
+    rows = [[70, 1, 89], [130, 30]]
+    ids = torch.stack([torch.repeat_interleave(torch.arange(len(r)), torch.tensor(r)) for r in rows])
+    shape = (2, 2, 160, 16)
+    q, k = (torch.nn.functional.normalize(torch.randn(*shape, generator=g), dim=-1) for _ in range(2))
+    v = torch.randn(*shape, generator=g)
+    leaves = [t.requires_grad_() for t in (q, k, v, torch.rand(2, generator=g) * 4 + 2, -torch.rand(2, generator=g))]
+    weights = torch.randn(shape, generator=g)
+    results = {}
+    for kernel in ("triton", "naive"):
+        out = pct_attention(*leaves, causal=causal, document_ids=ids, kernel=kernel)
+        results[kernel] = (out, *torch.autograd.grad((out * weights).sum(), leaves))
+    for index, (got, want) in enumerate(zip(results["triton"], results["naive"])):
+        err = scaled_error(got, want)
+        assert err <= 256 * torch.finfo(torch.float32).eps, f"tensor {index}: error {err:.2e}"

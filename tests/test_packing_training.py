@@ -1,13 +1,21 @@
 """`data.packing: true` in the training pipeline: whole documents and task examples share rows with restarting
 position_ids, nothing is lost, the model sees each document alone, and the run's description says it packed."""
 
+import json
+import math
+from pathlib import Path
+
 import torch
 from conftest import make_tiny_config
+from helpers_training import SMALL, single_thread  # noqa: F401 - single_thread: autouse fixture
 from transformers import AutoModelForCausalLM
 
 from zpx_hf.tokenization_bytes import BOS_ID, PAD_ID
 from zpx_hf_train.data import DataArguments, build_datasets
 from zpx_hf_train.data_tasks import IGNORE_INDEX
+from zpx_hf_train.train import main
+
+MICRO = str(Path(__file__).resolve().parents[1] / "configs" / "test-micro.yaml")
 
 
 def small_data(tmp_path, packing):
@@ -24,6 +32,7 @@ def test_packed_rows_keep_every_token_and_restart_positions(tmp_path):
     unpacked = build_datasets(small_data(tmp_path, False))
     packed = build_datasets(small_data(tmp_path, True))
     assert not any("packed" in line for line in unpacked["description"])
+    assert unpacked["packing"].startswith("no: ") and packed["packing"].startswith("yes: ")
     assert any(line.startswith("packed: ") for line in packed["description"])
     rows, original = packed["train"], unpacked["train"]
     assert len(rows) < len(original)  # the task examples' padding is gone
@@ -63,3 +72,16 @@ def test_packed_row_through_the_model_equals_its_documents_alone(tmp_path):
         starts = [i for i, p in enumerate(row["position_ids"]) if p == 0] + [len(row["position_ids"])]
         alone = torch.cat([model(input_ids=ids[:, a:b]).logits for a, b in zip(starts, starts[1:])], dim=1)
     torch.testing.assert_close(packed, alone, rtol=1e-10, atol=1e-10)
+
+
+def test_zpx_train_with_packing_reports_that_it_packed(tmp_path):
+    """`zpx-train` with `data.packing: true` trains on packed rows and its report and metrics say so."""
+    output_dir = tmp_path / "packed"
+    assert main([MICRO, *SMALL, "--packing", "true", "--eval_strategy", "no", "--output_dir", str(output_dir)]) == 0
+    details = json.loads((output_dir / "metrics.json").read_text())["details"]
+    assert details["packing"].startswith("yes: ") and details["steps"] == 2
+    assert math.isfinite(details["final_train_loss"]) and details["final_train_loss"] > 0
+    report = (output_dir / "report.md").read_text()
+    assert "| `packing` | `yes: " in report
+    card = (output_dir / "README.md").read_text()
+    assert "- packed: " in card  # the card's data section names the packing too

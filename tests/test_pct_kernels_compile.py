@@ -13,7 +13,8 @@ strides = ("sqb", "sqh", "sqm", "sqd", "skb", "skh", "skn", "skd", "svb", "svh",
 
 def types(dtype):
     t = {n: "*" + dtype for n in ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ")}
-    t.update({n: "*fp32" for n in ("TAU", "BIAS", "DTAU", "DBIAS")}, KPM="*i8", DOC="*i32")
+    t.update({n: "*fp32" for n in ("TAU", "BIAS", "DTAU", "DBIAS")}, KPM="*i8")
+    t.update({n: "*i32" for n in ("DOC", "DOC_FIRST", "DOC_END")})
     t.update({n: "i32" for n in strides})
     return t
 

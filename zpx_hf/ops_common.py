@@ -180,6 +180,56 @@ def document_spans(document_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return first, end
 
 
+def document_tables(document_ids: torch.Tensor) -> torch.Tensor:
+    """[3, B, L] contiguous int32 (ids, first, end of each token's document, `document_spans`): what the Triton
+    kernels read to skip the tiles of other documents (`document_window`)."""
+    return torch.stack((document_ids, *document_spans(document_ids))).to(torch.int32).contiguous()
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def document_window(DOC_FIRST, DOC_END, row, first, last):
+        # [lo, hi): the tokens in one document with any of positions first..last of the row starting at `row`
+        # (ids non-decreasing: from the first token of first's document to one past the last of last's). A
+        # tile outside it holds only other documents: flash-attention's varlen skip, from two loads per tile.
+        return tl.load(DOC_FIRST + row + first), tl.load(DOC_END + row + last)
+
+    @triton.jit
+    def key_tile_range(pid_m, q_len, k_len, q_offset, row, DOC_FIRST, DOC_END, CAUSAL: tl.constexpr,
+                       HAS_DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+        # [lo, hi): the keys query tile pid_m visits (query i at absolute position i + q_offset): none right of
+        # its last query (causal); packed, from the key tile of its first document's start to its last's end
+        lo = tl.full([], 0, tl.int32)
+        hi = tl.full([], 0, tl.int32) + k_len
+        if CAUSAL:
+            hi = tl.minimum(hi, q_offset + (pid_m + 1) * BLOCK_M)
+        if HAS_DOCS:
+            first = tl.minimum(pid_m * BLOCK_M, q_len - 1) + q_offset
+            last = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, q_len - 1) + q_offset
+            doc_lo, doc_hi = document_window(DOC_FIRST, DOC_END, row, first, last)
+            lo = doc_lo // BLOCK_N * BLOCK_N
+            hi = tl.minimum(hi, doc_hi)
+        return lo, hi
+
+    @triton.jit
+    def query_tile_range(pid_n, q_len, k_len, q_offset, row, DOC_FIRST, DOC_END, CAUSAL: tl.constexpr,
+                         HAS_DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+        # [lo, hi): the queries that can see key tile pid_n: none in query tiles above the diagonal (causal);
+        # packed, only those of the tile's documents
+        lo = tl.full([], 0, tl.int32)
+        hi = tl.full([], 0, tl.int32) + q_len
+        if CAUSAL:
+            lo = tl.maximum(pid_n * BLOCK_N - q_offset, 0) // BLOCK_M * BLOCK_M
+        if HAS_DOCS:
+            first = tl.minimum(pid_n * BLOCK_N, k_len - 1)
+            last = tl.minimum(pid_n * BLOCK_N + BLOCK_N - 1, k_len - 1)
+            doc_lo, doc_hi = document_window(DOC_FIRST, DOC_END, row, first, last)
+            lo = tl.maximum(lo, tl.maximum(doc_lo - q_offset, 0) // BLOCK_M * BLOCK_M)
+            hi = tl.minimum(hi, doc_hi - q_offset)
+        return lo, hi
+
+
 def same_document(document_ids: torch.Tensor) -> torch.Tensor:
     """[B, 1, L, L] bool: query i may see key j only inside its own document (combine with causality)."""
     return (document_ids[:, :, None] == document_ids[:, None, :])[:, None]
@@ -262,6 +312,7 @@ __all__ = [
     "document_ids_from_position_ids",
     "document_positions",
     "document_spans",
+    "document_tables",
     "kernel_name",
     "query_panels",
     "same_document",

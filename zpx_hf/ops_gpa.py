@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, conformal_algebra
-from .ops_common import HAS_TRITON, compute_dtype
+from .ops_common import HAS_TRITON, compute_dtype, visible_keys
 
 NUM_FORMS = 1 + len(BIVECTOR_MASKS)  # scalar + 10 bivector coefficients
 
@@ -47,43 +47,7 @@ def form_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch
     return index.to(device), sign.to(device), query_sign.to(device)
 
 
-def visible_keys(
-    q_len: int,
-    k_len: int,
-    causal: bool,
-    key_padding_mask: torch.Tensor | None,
-    document_ids: torch.Tensor | None,
-    device: torch.device,
-) -> torch.Tensor | None:
-    """Bool [B|1, 1, Lq, Lk], True where query i (absolute position Lk - Lq + i) may see key j; None = all."""
-    visible = None
-    if causal and q_len > 1:  # a single query is the last position: it sees every key
-        q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
-        visible = (torch.arange(k_len, device=device)[None, :] <= q_pos)[None, None]
-    if key_padding_mask is not None:
-        keys = key_padding_mask.to(device=device, dtype=torch.bool)[:, None, None, :]
-        visible = keys if visible is None else visible & keys
-    if document_ids is not None:  # packed rows: query and key in one document
-        same = document_ids[:, None, k_len - q_len :, None] == document_ids[:, None, None, :]
-        visible = same if visible is None else visible & same
-    return visible
-
-
-def document_bounds(document_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(first, last) [B, L] int64: the index of the first and of the last token of each token's document
-    (ids are non-decreasing along a row); the keys a query can see lie in [first, last] of its position."""
-    length = document_ids.shape[-1]
-    positions = torch.arange(length, device=document_ids.device).expand_as(document_ids)
-    starts = torch.ones_like(document_ids, dtype=torch.bool)
-    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
-    ends = torch.ones_like(starts)
-    ends[:, :-1] = starts[:, 1:]
-    first = torch.where(starts, positions, 0).cummax(-1).values
-    last = torch.where(ends, positions, length - 1).flip(-1).cummin(-1).values.flip(-1)
-    return first, last
-
-
-# The kernels import the tables and the mask above from here, so they are defined first.
+# The kernels import the tables above from here, so they are defined first.
 from .ops_gpa_cpu import gpa_cpu  # noqa: E402
 from .ops_gpa_naive import gpa_naive, gpa_naive_weights, score_parts  # noqa: E402
 from .ops_gpa_triton import gpa_triton  # noqa: E402
@@ -187,7 +151,7 @@ def _scalar_sdpa(
     q, v = query.to(dtype), value.to(dtype)
     if key_padding_mask is None and document_ids is None and (not causal or q_len == k_len or q_len == 1):
         return F.scaled_dot_product_attention(q, signed_key, v, is_causal=causal and q_len > 1, scale=scaling)
-    visible = visible_keys(q_len, k_len, causal, key_padding_mask, document_ids, query.device)
+    visible = visible_keys(q_len, k_len, causal, key_padding_mask, query.device, document_ids)
     has_key = visible.any(-1, keepdim=True)  # empty rows: opened for SDPA, then zeroed
     out = F.scaled_dot_product_attention(q, signed_key, v, attn_mask=visible | ~has_key, scale=scaling)
     return out * has_key
@@ -236,6 +200,34 @@ def geometric_product_attention(
     return out.to(query.dtype)
 
 
+def _checked_weights(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor | None,
+    gamma: torch.Tensor,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
+    scaling: float | None,
+    eps: float,
+    bivector: bool,
+) -> torch.Tensor:
+    """The naive path's softmax weights [B, H, Lq, Lk] (float32, float64 for float64) after the entry's checks;
+    call with autocast off."""
+    check_gpa_inputs(query, key, value, gamma, key_padding_mask, document_ids, scaling, eps)
+    return gpa_naive_weights(
+        query,
+        key,
+        gamma,
+        causal=bool(causal),
+        key_padding_mask=key_padding_mask,
+        document_ids=None if document_ids is None else document_ids.to(query.device),
+        scaling=query.shape[-1] ** -0.5 if scaling is None else float(scaling),
+        eps=float(eps),
+        bivector=bool(bivector),
+    )
+
+
 def gpa_with_weights(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -251,19 +243,9 @@ def gpa_with_weights(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(output, softmax weights [B, H, Lq, Lk]) from the naive path, both in the query's dtype: the output is
     computed from the very weights returned (as transformers' eager attention does), so gradients reach them."""
-    check_gpa_inputs(query, key, value, gamma, key_padding_mask, document_ids, scaling, eps)
-    scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     with torch.autocast(query.device.type, enabled=False):
-        weights = gpa_naive_weights(
-            query,
-            key,
-            gamma,
-            causal=bool(causal),
-            key_padding_mask=key_padding_mask,
-            document_ids=None if document_ids is None else document_ids.to(query.device),
-            scaling=scaling,
-            eps=float(eps),
-            bivector=bool(bivector),
+        weights = _checked_weights(
+            query, key, value, gamma, causal, key_padding_mask, document_ids, scaling, eps, bivector
         )
         output = torch.matmul(weights, value.to(weights.dtype))
     return output.to(query.dtype), weights.to(query.dtype)
@@ -282,19 +264,9 @@ def gpa_attention_weights(
     bivector: bool = True,
 ) -> torch.Tensor:
     """softmax_j(S_ij) [B, H, Lq, Lk] from the naive path, in the query's dtype (empty rows are 0)."""
-    check_gpa_inputs(query, key, None, gamma, key_padding_mask, document_ids, scaling, eps)
-    scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     with torch.autocast(query.device.type, enabled=False):
-        weights = gpa_naive_weights(
-            query,
-            key,
-            gamma,
-            causal=bool(causal),
-            key_padding_mask=key_padding_mask,
-            document_ids=None if document_ids is None else document_ids.to(query.device),
-            scaling=scaling,
-            eps=float(eps),
-            bivector=bool(bivector),
+        weights = _checked_weights(
+            query, key, None, gamma, causal, key_padding_mask, document_ids, scaling, eps, bivector
         )
     return weights.to(query.dtype)
 
@@ -319,7 +291,6 @@ __all__ = [
     "LEGACY_GPA_KERNELS",
     "NUM_FORMS",
     "check_gpa_inputs",
-    "document_bounds",
     "form_tables",
     "geometric_product_attention",
     "gpa_attention_weights",
@@ -329,5 +300,4 @@ __all__ = [
     "gpa_triton",
     "gpa_with_weights",
     "resolve_gpa_kernel",
-    "visible_keys",
 ]

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from .ops_common import compute_dtype
-from .ops_gpa import NUM_FORMS, document_bounds, form_tables
+from .ops_common import compute_dtype, document_spans
+from .ops_gpa import NUM_FORMS, form_tables
 
 PANEL = 128  # query rows per panel
 BLOCK = 256  # keys per block
@@ -68,7 +68,7 @@ class _Plan:
         self.documents = document_ids
         self.host_reads = not torch.compiler.is_compiling()  # a compiled graph visits and masks every block
         if document_ids is not None and self.host_reads:
-            self.doc_first, self.doc_last = document_bounds(document_ids)
+            self.doc_first, self.doc_end = document_spans(document_ids)
         self.blocks = []  # (start, stop, padding [B, 1, 1, N] or None)
         keys = None if key_padding_mask is None else key_padding_mask.to(device=device, dtype=torch.bool)
         for start in range(0, k_len, BLOCK):
@@ -91,7 +91,7 @@ class _Plan:
         lowest, highest = 0, None  # the keys any query of the panel can see
         if self.documents is not None and self.host_reads:
             lowest = int(self.doc_first[:, first].min())
-            highest = int(self.doc_last[:, last].max())
+            highest = int(self.doc_end[:, last].max()) - 1
         for start, stop, padding in self.blocks:
             if (self.causal and start > last) or (highest is not None and start > highest):
                 break

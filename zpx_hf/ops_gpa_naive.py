@@ -8,7 +8,7 @@ column `ch * 32 + blade mask`. With P_ij = sum_ch Q_i,ch ~K_j,ch:
 
 Each coefficient is a bilinear form with a signed permutation (`CliffordAlgebra.bilinear_forms`):
 <P>_C = sum_A Q_A sign_C[A] K_{A xor C}, so a score is 1 + 10 dot products over D. Which keys a query sees
-(causal, padding, documents) is `ops_gpa.visible_keys`; a query row with no visible key outputs zeros.
+(causal, padding, documents) is `ops_common.visible_keys`; a query row with no visible key outputs zeros.
 Called through `ops_gpa.geometric_product_attention` (checked inputs, resolved scaling, autocast off).
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from .clifford_algebra import NUM_BLADES
-from .ops_common import compute_dtype
-from .ops_gpa import form_tables, visible_keys
+from .ops_common import compute_dtype, visible_keys
+from .ops_gpa import form_tables
 
 
 def score_parts(query: torch.Tensor, key: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,7 +50,7 @@ def gpa_naive_weights(
     scalar, norm = score_parts(query.to(dtype), key.to(dtype), eps)
     scores = scalar + gamma.to(dtype).view(1, -1, 1, 1) * norm if bivector else scalar
     scores = scores * scaling
-    visible = visible_keys(query.shape[2], key.shape[2], causal, key_padding_mask, document_ids, query.device)
+    visible = visible_keys(query.shape[2], key.shape[2], causal, key_padding_mask, query.device, document_ids)
     if visible is None:
         return torch.softmax(scores, dim=-1)
     has_key = visible.any(-1, keepdim=True)

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from .ops_common import HAS_TRITON, tl, triton
-from .ops_gpa import document_bounds, form_tables
+from .ops_common import HAS_TRITON, document_tables, tl, triton
+from .ops_gpa import form_tables
 
 if HAS_TRITON:
+    from .ops_common import key_tile_range, query_tile_range  # defined only where triton imports
 
     @triton.jit
     def _load_form(base, rows, row_mask, cols, col_mask, dim, form, FORM_INDEX, FORM_SIGN, dtype: tl.constexpr):
@@ -55,30 +56,6 @@ if HAS_TRITON:
             k_doc = tl.load(DOCS + batch * k_len + offs_n, mask=n_mask, other=-2)
             valid = valid & (q_doc[:, None] == k_doc[None, :])
         return valid
-
-    @triton.jit
-    def _document_span(DOC_FIRST, DOC_LAST, batch, k_len, first, last):
-        # [lo, hi): the keys that tokens at absolute positions first..last can see inside their documents
-        # (equally: the positions of the queries that can see keys first..last)
-        lo = tl.load(DOC_FIRST + batch * k_len + first)
-        hi = tl.load(DOC_LAST + batch * k_len + last) + 1
-        return lo, hi
-
-    @triton.jit
-    def _key_range(pid_m, q_len, k_len, q_offset, batch, DOC_FIRST, DOC_LAST, IS_CAUSAL: tl.constexpr,
-                   HAS_DOCS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-        # [lo, hi): the keys query block pid_m visits: up to its last query (causal), inside its documents
-        lo = tl.full([], 0, tl.int32)
-        hi = tl.full([], 0, tl.int32) + k_len
-        if IS_CAUSAL:
-            hi = tl.minimum(hi, q_offset + (pid_m + 1) * BLOCK_M)
-        if HAS_DOCS:
-            row_first = tl.minimum(pid_m * BLOCK_M, q_len - 1) + q_offset
-            row_last = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, q_len - 1) + q_offset
-            doc_lo, doc_hi = _document_span(DOC_FIRST, DOC_LAST, batch, k_len, row_first, row_last)
-            lo = doc_lo // BLOCK_N * BLOCK_N
-            hi = tl.minimum(hi, doc_hi)
-        return lo, hi
 
     @triton.jit
     def _form_dot(fixed, moving, PERMUTE_KEYS: tl.constexpr, PRECISION: tl.constexpr):
@@ -132,7 +109,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _gpa_fwd_kernel(
-        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, O, LSE, KEY_VALID, DOCS, DOC_FIRST, DOC_LAST,
+        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, O, LSE, KEY_VALID, DOCS, DOC_FIRST, DOC_END,
         num_heads, q_len, k_len, dim, q_offset, scale, eps,
         IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, HAS_DOCS: tl.constexpr, BIVECTOR: tl.constexpr,
         PRECISION: tl.constexpr,
@@ -155,8 +132,8 @@ if HAS_TRITON:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        lo, hi = _key_range(pid_m, q_len, k_len, q_offset, batch, DOC_FIRST, DOC_LAST,
-                            IS_CAUSAL, HAS_DOCS, BLOCK_M, BLOCK_N)  # fmt: skip
+        lo, hi = key_tile_range(pid_m, q_len, k_len, q_offset, batch * k_len, DOC_FIRST, DOC_END,
+                                IS_CAUSAL, HAS_DOCS, BLOCK_M, BLOCK_N)  # fmt: skip
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_mask = offs_n < k_len
@@ -188,7 +165,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _gpa_bwd_dkdv_kernel(
-        Q, K, V, GAMMA, FORM_INDEX, QUERY_SIGN, DO, LSE, DELTA, DK, DV, DGAMMA, KEY_VALID, DOCS, DOC_FIRST, DOC_LAST,
+        Q, K, V, GAMMA, FORM_INDEX, QUERY_SIGN, DO, LSE, DELTA, DK, DV, DGAMMA, KEY_VALID, DOCS, DOC_FIRST, DOC_END,
         num_heads, q_len, k_len, dim, q_offset, scale, eps, num_key_blocks,
         IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, HAS_DOCS: tl.constexpr, BIVECTOR: tl.constexpr,
         PRECISION: tl.constexpr,
@@ -213,16 +190,8 @@ if HAS_TRITON:
         dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dgamma = tl.zeros([BLOCK_N], tl.float32)
-        lo = 0
-        hi = q_len
-        if IS_CAUSAL:
-            lo = tl.maximum(pid_n * BLOCK_N - q_offset, 0) // BLOCK_M * BLOCK_M
-        if HAS_DOCS:  # packed rows: only the query blocks of the key block's documents
-            key_first = tl.minimum(pid_n * BLOCK_N, k_len - 1)
-            key_last = tl.minimum(pid_n * BLOCK_N + BLOCK_N - 1, k_len - 1)
-            doc_lo, doc_hi = _document_span(DOC_FIRST, DOC_LAST, batch, k_len, key_first, key_last)
-            lo = tl.maximum(lo, tl.maximum(doc_lo - q_offset, 0) // BLOCK_M * BLOCK_M)
-            hi = tl.minimum(hi, doc_hi - q_offset)
+        lo, hi = query_tile_range(pid_n, q_len, k_len, q_offset, batch * k_len, DOC_FIRST, DOC_END,
+                                  IS_CAUSAL, HAS_DOCS, BLOCK_M, BLOCK_N)  # fmt: skip
         for start_m in range(lo, hi, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             m_mask = offs_m < q_len
@@ -250,7 +219,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _gpa_bwd_dq_kernel(
-        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, DO, LSE, DELTA, DQ, KEY_VALID, DOCS, DOC_FIRST, DOC_LAST,
+        Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, DO, LSE, DELTA, DQ, KEY_VALID, DOCS, DOC_FIRST, DOC_END,
         num_heads, q_len, k_len, dim, q_offset, scale, eps,
         IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, HAS_DOCS: tl.constexpr, BIVECTOR: tl.constexpr,
         PRECISION: tl.constexpr,
@@ -275,8 +244,8 @@ if HAS_TRITON:
         lse = tl.load(LSE + bh * q_len + offs_m, mask=m_mask, other=0.0)
         delta = tl.load(DELTA + bh * q_len + offs_m, mask=m_mask, other=0.0)
         dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        lo, hi = _key_range(pid_m, q_len, k_len, q_offset, batch, DOC_FIRST, DOC_LAST,
-                            IS_CAUSAL, HAS_DOCS, BLOCK_M, BLOCK_N)  # fmt: skip
+        lo, hi = key_tile_range(pid_m, q_len, k_len, q_offset, batch * k_len, DOC_FIRST, DOC_END,
+                                IS_CAUSAL, HAS_DOCS, BLOCK_M, BLOCK_N)  # fmt: skip
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_mask = offs_n < k_len
@@ -398,9 +367,7 @@ def gpa_triton(
     key_valid = None
     if key_padding_mask is not None and not bool(key_padding_mask.all()):
         key_valid = key_padding_mask.to(device=query.device, dtype=torch.bool).to(torch.int8).contiguous()
-    documents = None  # [3, B, Lk] int32: ids, first and last index of each token's document
-    if document_ids is not None:
-        documents = torch.stack((document_ids, *document_bounds(document_ids))).to(torch.int32).contiguous()
+    documents = None if document_ids is None else document_tables(document_ids)  # [3, B, Lk]: ids, first, end
     return _GPATritonFunction.apply(query, key, value, gamma, causal, key_valid, documents, scaling, eps, bivector)
 
 

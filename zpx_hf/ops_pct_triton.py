@@ -1,7 +1,8 @@
 """PCT sigmoid attention as fused Triton kernels (kernel `triton`; flash-style, forward and backward), same
 function as `ops_pct_naive.pct_attention_naive`, packed rows included (a pair counts only inside one document).
 
-Three kernels, float32 accumulation, causal tiles above the diagonal never visited:
+Three kernels, float32 accumulation; tiles above the causal diagonal and, in packed rows, tiles holding only
+other documents' tokens (`ops_common.key_tile_range` / `query_tile_range`) are never visited:
 forward (out = a V per query tile); dk/dv per key tile; dq per query tile with the per-tile partial
 sums of dtau = sum ds raw and db = sum ds (reduced by the wrapper). With dP = dO V^T and
 ds = dP a (1 - a): dq = tau ds K, dk = tau ds^T Q, dv = a^T dO. fp32/fp16/bf16 on CUDA; on CPU only
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from .ops_common import HAS_TRITON, tl, triton, triton_interpreting
+from .ops_common import HAS_TRITON, document_tables, tl, triton, triton_interpreting
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 if HAS_TRITON:
+    from .ops_common import key_tile_range, query_tile_range  # defined only where triton imports
 
     def _configs() -> list:
         # The interpreter cannot benchmark several configs: one fixed config there.
@@ -53,7 +55,7 @@ if HAS_TRITON:
     @triton.autotune(configs=_configs(), key=_AUTOTUNE_KEY)
     @triton.jit
     def _pct_fwd_kernel(
-        Q, K, V, O, TAU, BIAS, KPM, DOC,
+        Q, K, V, O, TAU, BIAS, KPM, DOC, DOC_FIRST, DOC_END,
         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod, s_kpm, s_doc,
         H, L_Q, L_K, D, OFFSET,
         CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, PRECISION: tl.constexpr,
@@ -74,10 +76,10 @@ if HAS_TRITON:
         tau = tl.load(TAU + h)
         bias = tl.load(BIAS + h)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        hi = L_K
-        if CAUSAL:  # tiles right of the diagonal are fully masked: never visited
-            hi = tl.minimum(L_K, (pid_m + 1) * BLOCK_M + OFFSET)
-        for start_n in range(0, hi, BLOCK_N):
+        # key tiles right of the diagonal (causal) or of other documents only (packed): never visited
+        lo, hi = key_tile_range(pid_m, L_Q, L_K, OFFSET, b * s_doc, DOC_FIRST, DOC_END, CAUSAL, HAS_DOC,
+                                BLOCK_M, BLOCK_N)  # fmt: skip
+        for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             kv_mask = (offs_n[:, None] < L_K) & d_ok
             k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_mask, other=0.0)
@@ -96,7 +98,7 @@ if HAS_TRITON:
     @triton.autotune(configs=_configs(), key=_AUTOTUNE_KEY)
     @triton.jit
     def _pct_bwd_dkdv_kernel(
-        Q, K, V, DO, DK, DV, TAU, BIAS, KPM, DOC,
+        Q, K, V, DO, DK, DV, TAU, BIAS, KPM, DOC, DOC_FIRST, DOC_END,
         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, s_kpm, s_doc,
         H, L_Q, L_K, D, OFFSET,
         CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, PRECISION: tl.constexpr,
@@ -119,10 +121,10 @@ if HAS_TRITON:
         bias = tl.load(BIAS + h)
         dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-        lo = 0
-        if CAUSAL:  # query tiles above the diagonal see none of these keys
-            lo = (tl.maximum(pid_n * BLOCK_N - OFFSET, 0) // BLOCK_M) * BLOCK_M
-        for start_m in range(lo, L_Q, BLOCK_M):
+        # query tiles above the diagonal (causal) or of other documents only (packed) see none of these keys
+        lo, hi = query_tile_range(pid_n, L_Q, L_K, OFFSET, b * s_doc, DOC_FIRST, DOC_END, CAUSAL, HAS_DOC,
+                                  BLOCK_M, BLOCK_N)  # fmt: skip
+        for start_m in range(lo, hi, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             q_ptrs = b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd
             q_mask = (offs_m[:, None] < L_Q) & d_ok
@@ -142,7 +144,7 @@ if HAS_TRITON:
     @triton.autotune(configs=_configs(), key=_AUTOTUNE_KEY, reset_to_zero=["DTAU", "DBIAS"])
     @triton.jit
     def _pct_bwd_dq_kernel(
-        Q, K, V, DO, DQ, TAU, BIAS, KPM, DOC, DTAU, DBIAS,
+        Q, K, V, DO, DQ, TAU, BIAS, KPM, DOC, DOC_FIRST, DOC_END, DTAU, DBIAS,
         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, s_kpm, s_doc, s_part,
         H, L_Q, L_K, D, OFFSET,
         CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, PRECISION: tl.constexpr,
@@ -165,10 +167,9 @@ if HAS_TRITON:
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         dtau = tl.zeros([BLOCK_M], dtype=tl.float32)
         dbias = tl.zeros([BLOCK_M], dtype=tl.float32)
-        hi = L_K
-        if CAUSAL:
-            hi = tl.minimum(L_K, (pid_m + 1) * BLOCK_M + OFFSET)
-        for start_n in range(0, hi, BLOCK_N):
+        lo, hi = key_tile_range(pid_m, L_Q, L_K, OFFSET, b * s_doc, DOC_FIRST, DOC_END, CAUSAL, HAS_DOC,
+                                BLOCK_M, BLOCK_N)  # fmt: skip
+        for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             kv_mask = (offs_n[:, None] < L_K) & d_ok
             k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_mask, other=0.0)
@@ -186,62 +187,66 @@ if HAS_TRITON:
         tl.store(DTAU + pid_bh * s_part + pid_m, tl.sum(dtau, axis=0))
         tl.store(DBIAS + pid_bh * s_part + pid_m, tl.sum(dbias, axis=0))
 
-    def _row_pointers(q: torch.Tensor, key_padding_mask, document_ids) -> tuple:
-        """(mask, its row stride, document ids, their row stride); an absent one is a dummy pointer, stride 0."""
+    def _row_pointers(q: torch.Tensor, key_padding_mask, documents) -> tuple:
+        """(mask, its row stride, document ids, first and end of each token's document, their row stride) from
+        `documents` [3, B, Lk] (`ops_common.document_tables`); an absent input is a dummy pointer, stride 0."""
         kpm = key_padding_mask if key_padding_mask is not None else q
-        doc = document_ids if document_ids is not None else q
         s_kpm = key_padding_mask.stride(0) if key_padding_mask is not None else 0
-        s_doc = document_ids.stride(0) if document_ids is not None else 0
-        return kpm, s_kpm, doc, s_doc
+        if documents is None:
+            return kpm, s_kpm, q, q, q, 0
+        return kpm, s_kpm, documents[0], documents[1], documents[2], documents.stride(1)
 
     _MIN_BLOCK_M = 32  # smallest BLOCK_M among the configs: sizes the partial-sum buffers
 
-    def _launch_meta(query: torch.Tensor, causal: bool, key_padding_mask, document_ids) -> dict:
+    def _launch_meta(query: torch.Tensor, causal: bool, key_padding_mask, documents) -> dict:
         return {
             "CAUSAL": bool(causal),
             "HAS_KPM": key_padding_mask is not None,
-            "HAS_DOC": document_ids is not None,
+            "HAS_DOC": documents is not None,
             "PRECISION": "ieee" if query.dtype == torch.float32 else "tf32",
             "BLOCK_D": max(16, triton.next_power_of_2(query.shape[-1])),
         }
 
     class _PCTAttentionTriton(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, query, key, value, tau, bias, key_padding_mask, document_ids, causal):
+        def forward(ctx, query, key, value, tau, bias, key_padding_mask, documents, causal):
             q, k, v = query.contiguous(), key.contiguous(), value.contiguous()
             batch, heads, l_q, dim = q.shape
             l_k = k.shape[2]
             out = torch.empty_like(q)
-            kpm, s_kpm, doc, s_doc = _row_pointers(q, key_padding_mask, document_ids)
-            meta = _launch_meta(q, causal, key_padding_mask, document_ids)
+            kpm, s_kpm, doc, doc_first, doc_end, s_doc = _row_pointers(q, key_padding_mask, documents)
+            meta = _launch_meta(q, causal, key_padding_mask, documents)
 
             def grid(c):
                 return (batch * heads, triton.cdiv(l_q, c["BLOCK_M"]))
 
             _pct_fwd_kernel[grid](
-                q, k, v, out, tau, bias, kpm, doc, *q.stride(), *k.stride(), *v.stride(), *out.stride(), s_kpm, s_doc,
+                q, k, v, out, tau, bias, kpm, doc, doc_first, doc_end,
+                *q.stride(), *k.stride(), *v.stride(), *out.stride(), s_kpm, s_doc,
                 heads, l_q, l_k, dim, l_k - l_q, **meta,
             )  # fmt: skip
-            ctx.save_for_backward(q, k, v, tau, bias, key_padding_mask, document_ids)
+            ctx.save_for_backward(q, k, v, tau, bias, key_padding_mask, documents)
             ctx.causal = causal
             return out
 
         @staticmethod
         def backward(ctx, grad_out):
-            q, k, v, tau, bias, key_padding_mask, document_ids = ctx.saved_tensors
+            q, k, v, tau, bias, key_padding_mask, documents = ctx.saved_tensors
             do = grad_out.contiguous()
             batch, heads, l_q, dim = q.shape
             l_k = k.shape[2]
             dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-            kpm, s_kpm, doc, s_doc = _row_pointers(q, key_padding_mask, document_ids)
-            meta = _launch_meta(q, ctx.causal, key_padding_mask, document_ids)
+            kpm, s_kpm, doc, doc_first, doc_end, s_doc = _row_pointers(q, key_padding_mask, documents)
+            meta = _launch_meta(q, ctx.causal, key_padding_mask, documents)
             common = (*q.stride(), *k.stride(), *v.stride(), s_kpm, s_doc)
             sizes = (heads, l_q, l_k, dim, l_k - l_q)
 
             def grid_n(c):
                 return (batch * heads, triton.cdiv(l_k, c["BLOCK_N"]))
 
-            _pct_bwd_dkdv_kernel[grid_n](q, k, v, do, dk, dv, tau, bias, kpm, doc, *common, *sizes, **meta)
+            _pct_bwd_dkdv_kernel[grid_n](
+                q, k, v, do, dk, dv, tau, bias, kpm, doc, doc_first, doc_end, *common, *sizes, **meta
+            )  # fmt: skip
 
             n_part = triton.cdiv(l_q, _MIN_BLOCK_M)
             dtau_part = torch.zeros(batch * heads, n_part, device=q.device, dtype=torch.float32)
@@ -260,6 +265,8 @@ if HAS_TRITON:
                 bias,
                 kpm,
                 doc,
+                doc_first,
+                doc_end,
                 dtau_part,
                 dbias_part,
                 *common,
@@ -288,10 +295,9 @@ def pct_attention_triton(
     bias = bias.float().contiguous()
     if key_padding_mask is not None:
         key_padding_mask = key_padding_mask.to(torch.int8).contiguous()
-    if document_ids is not None:
-        document_ids = document_ids.to(torch.int32).contiguous()
+    documents = None if document_ids is None else document_tables(document_ids)  # [3, B, Lk]: ids, first, end
     return _PCTAttentionTriton.apply(
-        query, key.to(query.dtype), value.to(query.dtype), tau, bias, key_padding_mask, document_ids, bool(causal)
+        query, key.to(query.dtype), value.to(query.dtype), tau, bias, key_padding_mask, documents, bool(causal)
     )
 
 

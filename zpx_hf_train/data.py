@@ -286,7 +286,8 @@ def source_name(source: str) -> str:
 
 def build_datasets(data: DataArguments) -> dict[str, Any]:
     """`train` (text blocks + task examples), `heldout` (text blocks or None), `tasks` (eval sets by name),
-    `eval` (what `Trainer` evaluates: held-out text, else the task sets) and `description` (card lines)."""
+    `eval` (what `Trainer` evaluates: held-out text, else the task sets), `description` (card lines) and
+    `packing` (the report line saying whether the training rows were packed)."""
     from datasets import concatenate_datasets
 
     from zpx_hf_train.data_tasks import split_documents, task_dataset, text_dataset
@@ -320,6 +321,7 @@ def build_datasets(data: DataArguments) -> dict[str, Any]:
             f"synthetic `{task}` ({shown}): {count} train / {data.eval_examples_per_task} eval examples"
         )
     train = concatenate_datasets([part.select_columns(COLUMNS) for part in parts])
+    packing = f"no: one block or example per row of {data.seq_len} tokens, padded (data.packing: false)"
     if data.packing:
         examples = len(train)
         train = pack_rows(train, data.seq_len)
@@ -327,11 +329,19 @@ def build_datasets(data: DataArguments) -> dict[str, Any]:
             f"packed: {examples} training rows repacked into {len(train)} rows of {data.seq_len} tokens, position_ids "
             "restarting at every document and example (no attention across them)"
         )
+        packing = f"yes: {examples} training rows packed into {len(train)} rows of {data.seq_len} tokens"
     if heldout is not None:
         eval_sets: Any = heldout
     else:
         eval_sets = {name: dataset.select_columns(COLUMNS) for name, dataset in tasks.items()} or None
-    return {"train": train, "heldout": heldout, "tasks": tasks, "eval": eval_sets, "description": descriptions}
+    return {
+        "train": train,
+        "heldout": heldout,
+        "tasks": tasks,
+        "eval": eval_sets,
+        "description": descriptions,
+        "packing": packing,
+    }
 
 
 def pack_rows(train: Any, seq_len: int) -> Any:

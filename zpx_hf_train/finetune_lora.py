@@ -244,6 +244,7 @@ def run_finetune(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
                 "alpha": lora.alpha,
                 **dict(zip(("trainable_parameters", "total_parameters"), peft_model.get_nb_trainable_parameters())),
                 "steps": trainer.state.global_step,
+                "packing": datasets["packing"],
                 "final_train_loss": round(train_metrics.get("train_loss", float("nan")), 4),
                 "train_runtime_s": round(train_metrics.get("train_runtime", 0.0), 1),
                 **{f"base {k}": v for k, v in _flat(base_metrics).items()},

@@ -127,6 +127,7 @@ def evaluate_trained(
         * training_args.world_size
         * training_args.gradient_accumulation_steps,
         "seq_len": data.seq_len,
+        "packing": datasets["packing"],  # whether the training rows were packed (data.packing)
         "learning_rate": training_args.learning_rate,
         "final_train_loss": round(train_metrics.get("train_loss", float("nan")), 4),
         "train_runtime_s": round(train_metrics.get("train_runtime", 0.0), 1),
