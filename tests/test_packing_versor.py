@@ -13,8 +13,8 @@ from conftest import TINY_VOCAB, make_tiny_config
 from zpx_hf import VersorConfig, VersorForCausalLM, ops_gpa_cpu
 from zpx_hf.clifford_algebra import BOOST_INDICES, rotor_exp
 from zpx_hf.modeling_blocks import CACHE_FIELD
-from zpx_hf.ops_gpa import HAS_TRITON, LEGACY_GPA_KERNELS, geometric_product_attention
-from zpx_hf.ops_rra import LEGACY_RRA_KERNELS, recursive_rotor_accumulator
+from zpx_hf.ops_gpa import HAS_TRITON, geometric_product_attention
+from zpx_hf.ops_rra import recursive_rotor_accumulator
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 MIXERS = ("gpa", "rra", "hybrid")
@@ -201,19 +201,27 @@ def test_rra_packed_scan_over_long_documents_float64():
 # ---------------------------------------------------------------- old kernel names
 
 
-def test_old_kernel_names_select_the_same_kernels():
-    assert LEGACY_GPA_KERNELS == {"chunked": "cpu", "reference": "naive"}
-    assert LEGACY_RRA_KERNELS == {"sequential": "naive", "scan": "cpu", "recurrent": "decode", "step": "decode"}
+# the names earlier versions of GPA and RRA used (configs, scripts, benchmarks)
+OLD_GPA_NAMES = {"chunked": "cpu", "reference": "naive"}
+OLD_RRA_NAMES = {"sequential": "naive", "scan": "cpu", "recurrent": "decode", "step": "decode"}
+
+
+def test_old_kernel_names_select_the_same_kernels_with_a_warning():
     q, k, v, gamma = (x.detach() for x in gpa_inputs(torch.float64))
-    assert torch.equal(
-        geometric_product_attention(q, k, v, gamma, causal=True, kernel="chunked"),
-        geometric_product_attention(q, k, v, gamma, causal=True, kernel="cpu"),
-    )
+    for old, new in OLD_GPA_NAMES.items():
+        with pytest.warns(FutureWarning, match=f"GPA kernel '{old}' is now called '{new}'"):
+            got = geometric_product_attention(q, k, v, gamma, causal=True, kernel=old)
+        assert torch.equal(got, geometric_product_attention(q, k, v, gamma, causal=True, kernel=new)), old
     bivectors, value, initial = (x.detach() for x in rra_inputs("compact", torch.float64))
-    for old, new in LEGACY_RRA_KERNELS.items():
-        got = recursive_rotor_accumulator(bivectors, value, initial=initial, kernel=old)
+    for old, new in OLD_RRA_NAMES.items():
+        with pytest.warns(FutureWarning, match=f"RRA kernel '{old}' is now called '{new}'"):
+            got = recursive_rotor_accumulator(bivectors, value, initial=initial, kernel=old)
         want = recursive_rotor_accumulator(bivectors, value, initial=initial, kernel=new)
         assert all(torch.equal(g, w) for g, w in zip(got, want)), old
+    with pytest.raises(ValueError, match=r"`kernel`='flash' is not a GPA kernel"):
+        geometric_product_attention(q, k, v, gamma, causal=True, kernel="flash")
+    with pytest.raises(ValueError, match=r"`kernel`='flash' is not a RRA kernel"):
+        recursive_rotor_accumulator(bivectors, value, kernel="flash")
 
 
 def test_configs_with_old_kernel_fields_still_load(tmp_path):

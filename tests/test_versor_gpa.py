@@ -255,7 +255,7 @@ def test_autocast_does_not_change_the_computation(kernel):
 
 def test_bad_kernel_and_shapes_raise_value_errors():
     q, k, v, gamma = (t.detach() for t in make_inputs(2, 2, 4, 6, 1, dtype=torch.float32))
-    with pytest.raises(ValueError, match=r"kernel='flash'.*'naive', 'cpu', 'triton'"):
+    with pytest.raises(ValueError, match=r"`kernel`='flash' is not a GPA kernel.*'naive', 'cpu', 'triton'"):
         geometric_product_attention(q, k, v, gamma, causal=True, kernel="flash")
     assert GPA_KERNELS == ("naive", "cpu", "triton")
     bad = {

@@ -215,7 +215,7 @@ def test_bf16_runs_the_algebra_in_float32(mixed, accumulate):
 
 def test_bad_arguments_are_named():
     bivectors, value = torch.zeros(1, 3, 2, 10), torch.zeros(1, 3, 2, 1, 32)
-    with pytest.raises(ValueError, match="kernel='fast'.*'cpu'"):
+    with pytest.raises(ValueError, match="`kernel`='fast' is not a RRA kernel.*'cpu'"):
         recursive_rotor_accumulator(bivectors, value, kernel="fast")
     with pytest.raises(ValueError, match="accumulate='boosts'.*'compact'"):
         recursive_rotor_accumulator(bivectors, value, accumulate="boosts")

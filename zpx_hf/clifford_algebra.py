@@ -301,18 +301,43 @@ def bivector_to_multivector(bivector: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def rotor_exp_matrix(bivector: torch.Tensor) -> torch.Tensor:
+# matrix_exp_series: Taylor degree on ||X|| <= 1 (remainder <= 1/19! < 1e-17) and the most squarings (norms
+# up to 2^48; exp of a boost past ~709 overflows float64 long before, rotations are periodic)
+_SERIES_DEGREE, _MAX_SQUARINGS = 18, 48
+
+
+def matrix_exp_series(a: torch.Tensor) -> torch.Tensor:
+    """exp(A) for `[..., n, n]` by scaling and squaring with a fixed trace: X = A / 2^s with s = ceil(log2 ||A||_inf)
+    per matrix, a degree-18 Taylor polynomial (Horner), then squarings applied where their index is below s.
+
+    The same function as `torch.linalg.matrix_exp` to float64 rounding (test), built from matmuls only, so it
+    exports to ONNX, which has no matrix-exponential operator. Used by the "export" RRA kernel."""
+    norm = a.abs().sum(-1).amax(-1)  # the inf-norm bounds the spectral radius
+    s = torch.ceil(torch.log2(norm.clamp_min(1.0))).clamp(max=_MAX_SQUARINGS)  # 0 where ||A|| <= 1
+    x = a / torch.exp2(s)[..., None, None]
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand_as(a)
+    out = eye
+    for k in range(_SERIES_DEGREE, 0, -1):  # I + X/1 (I + X/2 (I + ... (I + X/18)))
+        out = eye + (x @ out) / k
+    for k in range(_MAX_SQUARINGS):
+        out = torch.where((k < s)[..., None, None], out @ out, out)
+    return out
+
+
+def rotor_exp_matrix(bivector: torch.Tensor, traceable: bool = False) -> torch.Tensor:
     """exp(-B/2) in the M4(C) representation, `[..., 2, 4, 4]`, for bivector coefficients `[..., 10]`.
 
     The general case (rotations and boosts mixed) through the real 8x8 form of the complex matrix, computed in
     float64 (a float32 matrix exponential and its backward lose several digits) and returned in float32,
-    or float64 if given. Rotations alone or boosts alone have closed forms: `rotation_rotor`, `boost_rotor`.
+    or float64 if given. `traceable` takes `matrix_exp_series` (graph export) instead of
+    `torch.linalg.matrix_exp`. Rotations alone or boosts alone have closed forms: `rotation_rotor`, `boost_rotor`.
     """
     dtype = torch.float64 if bivector.dtype == torch.float64 else torch.float32
     b = bivector.to(torch.float64)
     basis = matrix_basis(b.device, torch.float64)[list(BIVECTOR_MASKS)]  # [10, 2, 4, 4]
     generator = torch.einsum("...k,kczw->...czw", -0.5 * b, basis)
-    real8 = torch.linalg.matrix_exp(_complex_to_real8(generator))
+    exp = matrix_exp_series if traceable else torch.linalg.matrix_exp
+    real8 = exp(_complex_to_real8(generator))
     return torch.stack((real8[..., :4, :4], real8[..., 4:, :4]), dim=-3).to(dtype)
 
 
@@ -506,6 +531,7 @@ __all__ = [
     "conformal_algebra",
     "from_matrix",
     "matrix_basis",
+    "matrix_exp_series",
     "matrix_geometric_product",
     "matrix_reverse",
     "rotor_exp",

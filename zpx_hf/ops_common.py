@@ -40,7 +40,9 @@ LEGACY_KERNEL_NAMES = {
     "scan": "cpu",
     "sdpa": "cpu",
     "sequential": "naive",
+    "reference": "naive",
     "step": "decode",
+    "recurrent": "decode",
 }
 
 PHASE_FEATURES = 5  # ZPX's per-channel key features: cos phi, sin phi, X, Y, Z

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, conformal_algebra
-from .ops_common import HAS_TRITON, compute_dtype, visible_keys
+from .ops_common import HAS_TRITON, compute_dtype, kernel_name, visible_keys
 
 NUM_FORMS = 1 + len(BIVECTOR_MASKS)  # scalar + 10 bivector coefficients
 
@@ -53,8 +53,6 @@ from .ops_gpa_naive import gpa_naive, gpa_naive_weights, score_parts  # noqa: E4
 from .ops_gpa_triton import gpa_triton  # noqa: E402
 
 GPA_KERNELS = ("naive", "cpu", "triton")
-# Names earlier versions used (configs, scripts, benchmarks): the same kernels.
-LEGACY_GPA_KERNELS = {"chunked": "cpu", "reference": "naive"}
 
 
 def check_gpa_inputs(
@@ -112,7 +110,7 @@ def check_gpa_inputs(
 def resolve_gpa_kernel(kernel: str, query: torch.Tensor, bivector: bool) -> str:
     """The kernel that runs: a name of `GPA_KERNELS` (old names mapped), or "scalar_sdpa" for
     `kernel="auto"` with `bivector=False`."""
-    kernel = LEGACY_GPA_KERNELS.get(kernel, kernel)
+    kernel = kernel_name(kernel, GPA_KERNELS, "GPA")  # earlier names ("chunked", "reference") mapped, warned
     if kernel == "auto":
         if not bivector:
             return "scalar_sdpa"
@@ -124,8 +122,6 @@ def resolve_gpa_kernel(kernel: str, query: torch.Tensor, bivector: bool) -> str:
             # the CPU tests compile (the Triton launch under a dynamic key length is untested)
             return "naive"
         return "triton" if HAS_TRITON and query.is_cuda else "cpu"
-    if kernel not in GPA_KERNELS:
-        raise ValueError(f"kernel={kernel!r} is unknown; use 'auto' or one of {list(GPA_KERNELS)}.")
     if kernel == "triton" and not HAS_TRITON:
         raise ValueError("kernel='triton' needs the `triton` package; install it or use kernel='cpu'.")
     return kernel
@@ -288,7 +284,6 @@ def gpa_score_parts(
 __all__ = [
     "GPA_KERNELS",
     "HAS_TRITON",
-    "LEGACY_GPA_KERNELS",
     "NUM_FORMS",
     "check_gpa_inputs",
     "form_tables",

@@ -15,7 +15,7 @@ Packed rows (`document_ids`, equal within a document): the state restarts at 1 a
 document after the row's first (which continues `initial`), so no document sees another's rotors.
 
 Kernels (`RRA_KERNELS`), one signature and one function (`rra_naive` is the definition, the others are
-tested against it); earlier names still select them (`LEGACY_RRA_KERNELS`):
+tested against it); earlier names still select them, with a FutureWarning (`ops_common.LEGACY_KERNEL_NAMES`):
 
 * `"naive"` - `ops_rra_naive.py`: the loop as written, matrix exponentials (earlier: "sequential").
 * `"cpu"` - `ops_rra_cpu.py`: closed-form rotors, a log-depth scan, structure-of-arrays complex products
@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, from_matrix, rotor_normalize, to_matrix
-from .ops_common import HAS_TRITON, compute_dtype
+from .ops_common import HAS_TRITON, compute_dtype, kernel_name
 
 # the sequential kernels re-project the state onto the group every RENORM_EVERY steps
 RENORM_EVERY = 64
@@ -89,8 +89,6 @@ from .ops_rra_naive import rra_naive  # noqa: E402
 from .ops_rra_triton import rra_triton  # noqa: E402
 
 RRA_KERNELS = ("naive", "cpu", "triton", "decode", "export")
-# Names earlier versions used (configs, scripts, benchmarks): the same kernels.
-LEGACY_RRA_KERNELS = {"sequential": "naive", "scan": "cpu", "recurrent": "decode", "step": "decode"}
 RRA_ACCUMULATE = ("compact", "full")
 _KERNEL_FUNCTIONS = {
     "naive": rra_naive,
@@ -103,15 +101,13 @@ _KERNEL_FUNCTIONS = {
 
 def resolve_rra_kernel(kernel: str, device: torch.device, length: int) -> str:
     """The kernel that runs, a name of `RRA_KERNELS` (old names mapped; "auto" resolved for this call)."""
-    kernel = LEGACY_RRA_KERNELS.get(kernel, kernel)
+    kernel = kernel_name(kernel, RRA_KERNELS, "RRA")  # earlier names mapped, warned (ops_common)
     if kernel == "auto":
         if torch.compiler.is_exporting():  # the scans loop over the length in Python; export traces once
             return "export"
         if length == 1:
             return "decode"
         return "triton" if HAS_TRITON and device.type == "cuda" else "cpu"
-    if kernel not in RRA_KERNELS:
-        raise ValueError(f"kernel={kernel!r} is unknown; use one of {['auto', *RRA_KERNELS]}.")
     if kernel == "triton" and not HAS_TRITON:
         raise ValueError("kernel='triton' needs the `triton` package; install it or use kernel='cpu'.")
     return kernel
@@ -208,7 +204,6 @@ def rotor_trajectory(
 
 __all__ = [
     "HAS_TRITON",
-    "LEGACY_RRA_KERNELS",
     "RENORM_EVERY",
     "RRA_ACCUMULATE",
     "RRA_KERNELS",

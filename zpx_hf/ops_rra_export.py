@@ -15,8 +15,9 @@ holds only real tensors:
   which exports where `segment_bounds`' cummax does not.
 
 Eager users never run this: "auto" keeps the "cpu" kernel (fewer rounds, SoA products, its own backward)
-outside export. "full" needs the per-token matrix exponential (`rotor_exp_matrix`), which exports to
-`torch.export` but has no ONNX operator; "compact" (the default) is closed form throughout.
+outside export. "full" takes the per-token matrix exponential by scaling and squaring with a fixed trace
+(`clifford_algebra.matrix_exp_series`: ONNX has no matrix-exponential operator); "compact" (the default) is
+closed form throughout.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def rra_export(
         boosts = boost_to_matrix(boost_rotor(bivectors[..., list(BOOST_INDICES)]))
         transforms = complex_matmul(rotors, boosts)
     else:
-        steps = rotor_exp_matrix(bivectors)  # [B, L, H, 2, 4, 4]
+        steps = rotor_exp_matrix(bivectors, traceable=True)  # [B, L, H, 2, 4, 4], matmuls only
         if initial is not None:  # R_{-1} dR_0 as the first factor
             first = complex_matmul(to_matrix(initial)[:, None], steps[:, :1])
             steps = torch.cat((first, steps[:, 1:]), dim=1)
