@@ -67,6 +67,10 @@ def test_static_cache_generation_equals_dynamic(case):
 
 
 def test_versor_static_cache_request_falls_back_with_a_warning(caplog):
+    import logging
+
+    # transformers says it once per process (`warning_once`); an earlier test's static request would take it
+    logging.Logger.warning_once.cache_clear()
     model = causal_lm("versor-hybrid")
     prompt = torch.randint(3, TINY_VOCAB, (1, 5))
     with torch.no_grad():

@@ -354,6 +354,8 @@ class ZPXForCausalLM(ForCausalLMHead, ZPXPreTrainedModel, GenerationMixin):
 
     backbone_class = ZPXModel
     output_class = ZPXCausalLMOutputWithPast
+    # as Llama's: the tied head shards with the embedding (transformers adds `embed_tokens` to the plan)
+    _tp_plan = {"lm_head": "colwise_gather_output"}
 
     def auxiliary_loss(self, outputs: ZPXModelOutputWithPast) -> torch.Tensor | None:
         return _weighted_center_loss(self.config, outputs)
