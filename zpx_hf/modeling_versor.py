@@ -20,6 +20,7 @@ mixers as `document_ids` [B, L]: GPA attends only inside a document, RRA restart
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -434,6 +435,18 @@ class VersorPreTrainedModel(GeometricPreTrainedModel):
     def _supports_default_dynamic_cache(cls) -> bool:
         # generate must not build a DynamicCache: the model creates its own VersorCache
         return False
+
+    def _prepare_cache_for_generation(self, generation_config: Any, *args: Any, **kwargs: Any) -> Any:
+        # transformers says this once per process (a logger's warning_once); say it on every such call
+        if generation_config.cache_implementation is not None:
+            warnings.warn(
+                f"cache_implementation={generation_config.cache_implementation!r} is ignored by Versor: it keeps "
+                "its own VersorCache (GPA keys grow by one token per step, RRA carries a fixed rotor state); the "
+                "tokens are the same.",
+                UserWarning,
+                stacklevel=3,
+            )
+        return super()._prepare_cache_for_generation(generation_config, *args, **kwargs)
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
