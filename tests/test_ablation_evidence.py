@@ -1,36 +1,25 @@
 """The evidence suite's machinery: statistics against scipy / hand-computed values, the plan (lr selection on
 validation, stage order, resume), per-example hits, provenance, and one tiny end-to-end run."""
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers_benchmarks import load_benchmark
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def _load(name):
-    if name in sys.modules and getattr(sys.modules[name], "__file__", "").startswith(str(BENCH)):
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_load("measure")
-stats = _load("ablation_stats")
-models = _load("ablation_models")
-report = _load("ablation_report")
-_load("ablation_nbody")  # imported by ablation_runs and ablation
-runs = _load("ablation_runs")
-plan = _load("ablation_plan")
-ablation = _load("ablation")
+load_benchmark("measure")
+stats = load_benchmark("ablation_stats")
+models = load_benchmark("ablation_models")
+report = load_benchmark("ablation_report")
+load_benchmark("ablation_nbody")  # imported by ablation_runs and ablation
+runs = load_benchmark("ablation_runs")
+plan = load_benchmark("ablation_plan")
+ablation = load_benchmark("ablation")
 
 EVIDENCE = ablation.SIZES["evidence"]
 

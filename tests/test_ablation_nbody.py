@@ -2,32 +2,23 @@
 accelerations, zero-shot data transforms, the constant-velocity reference through the model's rollout path,
 and the metrics a run row carries."""
 
-import importlib.util
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers_benchmarks import load_benchmark
 
 from zpx_hf_train.data_geometry import NBODY_DT, nbody_accelerations, nbody_initial_conditions, simulate_nbody
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_load("measure")
-_load("ablation_models")
-nbody = _load("ablation_nbody")
-runs = _load("ablation_runs")
+load_benchmark("measure")
+load_benchmark("ablation_models")
+nbody = load_benchmark("ablation_nbody")
+runs = load_benchmark("ablation_runs")
 
 SMALL = {
     **nbody.NBODY_PROTOCOL,

@@ -2,35 +2,26 @@
 seed-claim check on a small fixed results file; resumable-suite bookkeeping; task lengths of every size."""
 
 import csv
-import importlib.util
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers_benchmarks import load_benchmark
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-measure = _load("measure")  # imported by ablation_runs
-stats = _load("ablation_stats")  # imported by ablation_runs
-update_readme = _load("update_readme")
-models = _load("ablation_models")
-report = _load("ablation_report")
-_load("ablation_nbody")  # imported by ablation_runs and ablation
-runs_module = _load("ablation_runs")
-plan_module = _load("ablation_plan")  # imported by ablation
-ablation = _load("ablation")
+measure = load_benchmark("measure")  # imported by ablation_runs
+stats = load_benchmark("ablation_stats")  # imported by ablation_runs
+update_readme = load_benchmark("update_readme")
+models = load_benchmark("ablation_models")
+report = load_benchmark("ablation_report")
+load_benchmark("ablation_nbody")  # imported by ablation_runs and ablation
+runs_module = load_benchmark("ablation_runs")
+plan_module = load_benchmark("ablation_plan")  # imported by ablation
+ablation = load_benchmark("ablation")
 
 
 def test_inject_replaces_only_existing_markers_with_results(tmp_path):
