@@ -2,6 +2,7 @@
 
 import json
 import re
+import statistics
 import time
 
 import pytest
@@ -10,6 +11,7 @@ from zpx_hf.tokenization_bytes import BOS_ID, BYTE_OFFSET, EOS_ID, PAD_ID, ids_t
 from zpx_hf_train.data_tasks import (
     IGNORE_INDEX,
     SEPARATOR,
+    listops_examples,
     load_documents,
     mqar_examples,
     pack_documents,
@@ -137,6 +139,77 @@ def test_selective_copy_answers_are_the_data_tokens_in_order():
         noisy, copied = ids_to_text(example["input_ids"]).split(SEPARATOR)
         assert len(noisy) == 20
         assert noisy.replace(".", "") == copied == _answers(example)
+
+
+def _listops_evaluate(text, i=0):
+    """(value, end index, tree depth, widest operator) of the ListOps expression starting at text[i], parsed
+    recursively from the printed tokens (an independent reading of LRA's to_value: MED is int(median))."""
+    if text[i].isdigit():
+        return int(text[i]), i + 1, 1, 0
+    op, i, args, depth, width = text[i], i + 1, [], 0, 0
+    while text[i] != "]":
+        value, i, sub_depth, sub_width = _listops_evaluate(text, i)
+        args.append(value)
+        depth, width = max(depth, sub_depth), max(width, sub_width)
+    apply = {"X": max, "N": min, "D": lambda v: int(statistics.median(v)), "S": lambda v: sum(v) % 10}[op]
+    return apply(args), i + 1, depth + 1, max(width, len(args))
+
+
+def _listops_parts(example):
+    text = ids_to_text(example["input_ids"])
+    expression, answer = text.split("=")
+    return expression, answer
+
+
+def test_listops_answer_is_the_value_of_the_printed_expression_within_the_limits():
+    limits = {"min_length": 20, "max_length": 120, "max_depth": 5, "max_args": 6}
+    examples = listops_examples(200, seed=3, **limits)
+    operators = set()
+    for example in examples:
+        _check_layout(example)
+        expression, answer = _listops_parts(example)
+        assert answer == _answers(example) and len(answer) == 1
+        value, end, depth, width = _listops_evaluate(expression)
+        assert end == len(expression) and str(value) == answer
+        assert 20 < len(expression) < 120 and depth <= 5 and 2 <= width <= 6
+        assert len(example["input_ids"]) == len(expression) + 3  # BOS, expression, =, the digit
+        operators |= set(expression) - set("0123456789]")
+    assert operators == {"X", "N", "D", "S"}
+    assert len({_listops_parts(e)[1] for e in examples}) == 10  # every class occurs
+    assert listops_examples(3, seed=3, **limits) == examples[:3]
+    assert listops_examples(3, seed=4, **limits) != examples[:3]
+
+
+def test_listops_at_lra_settings_and_padding():
+    examples = listops_examples(6, seed=0, seq_len=2002)  # LRA: 500 < tokens < 2000, depth 10, 10 arguments
+    for example in examples:
+        _check_layout(example, seq_len=2002)
+        expression, answer = _listops_parts(example)
+        value, _, depth, width = _listops_evaluate(expression)
+        assert 500 < len(expression) < 2000 and depth <= 10 and width <= 10 and str(value) == answer
+
+
+def test_listops_splits_are_disjoint_whatever_the_seeds():
+    limits = {"min_length": 3, "max_length": 12, "max_depth": 3, "max_args": 3}  # few distinct expressions
+    seen = {}
+    for split in ("train", "val", "test"):
+        seen[split] = {_listops_parts(e)[0] for e in listops_examples(300, seed=0, split=split, **limits)}
+    assert all(len(v) > 30 for v in seen.values())
+    assert not seen["train"] & seen["val"] and not seen["train"] & seen["test"] and not seen["val"] & seen["test"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"split": "dev"}, "split"),
+        ({"max_depth": 1}, "max_depth"),
+        ({"min_length": 10, "max_length": 11}, "min_length"),
+        ({"min_length": 30, "max_depth": 3, "max_args": 3}, "at most 17 tokens"),
+    ],
+)
+def test_listops_bad_arguments_name_themselves(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        listops_examples(1, seed=0, **kwargs)
 
 
 def test_task_too_long_for_seq_len_raises():

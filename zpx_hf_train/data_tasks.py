@@ -17,6 +17,9 @@ deterministic given a seed:
   question `What is Q? Q`.
 - `selective_copy`: data tokens scattered among noise `.` tokens; after `|` the answer is the data
   tokens in order.
+- `listops_examples` (Long Range Arena's ListOps, Nangia & Bowman 2018; Tay et al. 2020): a nested
+  expression of MAX / MIN / MED / SM (sum mod 10) over digits, one token per LRA token
+  (`X2N93]7]` is LRA's `[MAX 2 [MIN 9 3 ] 7 ]`), then `=` and the value digit as the answer.
 
 Every example is a dict of equal-length lists: `input_ids`, `attention_mask`, `labels` (the token
 at answer positions, -100 elsewhere; HF causal convention, the model shifts) and `answer_mask`
@@ -26,6 +29,7 @@ at answer positions, -100 elsewhere; HF causal convention, the model shifts) and
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import string
@@ -177,6 +181,87 @@ def selective_copy_examples(
             slots[position] = token
         segments = [("".join(slots) + SEPARATOR, False), ("".join(data), True)]
         out.append(_example(segments, seq_len, "selective_copy"))
+    return out
+
+
+# ListOps, as LRA's generator (lra_benchmarks/data/listops.py): operators, the probability that a node below the
+# maximum depth is an operator, the answer marker; one byte token per LRA token.
+LISTOPS_OPERATORS = {"X": "MAX", "N": "MIN", "D": "MED", "S": "SM"}
+LISTOPS_END = "]"
+LISTOPS_OPERATOR_P = 0.25
+LISTOPS_MARKER = "="
+# Splits by a hash of the expression, so that validation / test expressions never occur in training whatever
+# the seeds (LRA splits one de-duplicated set): bucket 0 test, 1 validation, 2-9 training.
+LISTOPS_SPLITS = {"test": (0,), "val": (1,), "train": tuple(range(2, 10))}
+
+
+def _listops_tree(rng: random.Random, depth: int, max_depth: int, max_args: int) -> tuple[str, int]:
+    """(tokens, value) of a subtree at `depth` (1 = the root), drawn in LRA's order: operator or leaf, the
+    argument count, the arguments, then the operator."""
+    if depth >= max_depth or rng.random() > LISTOPS_OPERATOR_P:
+        value = rng.randrange(10)
+        return str(value), value
+    args = [_listops_tree(rng, depth + 1, max_depth, max_args) for _ in range(rng.randint(2, max_args))]
+    op = rng.choice(list(LISTOPS_OPERATORS))
+    values = [v for _, v in args]
+    if op == "X":
+        value = max(values)
+    elif op == "N":
+        value = min(values)
+    elif op == "D":  # LRA: int(np.median(values)), the mean of the two middle values rounded down
+        ordered = sorted(values)
+        value = (ordered[(len(ordered) - 1) // 2] + ordered[len(ordered) // 2]) // 2
+    else:
+        value = sum(values) % 10
+    return op + "".join(t for t, _ in args) + LISTOPS_END, value
+
+
+def listops_max_tokens(max_depth: int, max_args: int) -> int:
+    """Tokens of the longest expression the limits allow (every node an operator with `max_args` arguments)."""
+    length = 1
+    for _ in range(max_depth - 1):
+        length = 2 + max_args * length
+    return length
+
+
+def listops_examples(
+    num_examples: int,
+    seed: int,
+    split: str = "train",
+    min_length: int = 500,
+    max_length: int = 2000,
+    max_depth: int = 10,
+    max_args: int = 10,
+    seq_len: int | None = None,
+) -> list[dict[str, Any]]:
+    """ListOps as LRA generates it: expressions with `min_length < tokens < max_length` (LRA: 500, 2000), tree
+    depth <= `max_depth` (the root is depth 1, a leaf at `max_depth`), 2 .. `max_args` arguments per operator;
+    `<s> expression = value`, the value digit (10 classes) the one answer token. Examples of different splits
+    are disjoint (`LISTOPS_SPLITS`); `seq_len` pads on the right (default: unpadded)."""
+    if split not in LISTOPS_SPLITS:
+        raise ValueError(f"listops split={split!r} must be one of {sorted(LISTOPS_SPLITS)}.")
+    if max_depth < 2 or max_args < 2:
+        raise ValueError(f"listops max_depth={max_depth} and max_args={max_args} must be >= 2 (one operator).")
+    if min_length < 1 or max_length <= max(min_length + 1, 4):
+        raise ValueError(
+            f"listops needs 1 <= min_length < max_length - 1 and max_length > 4 (an operator over two digits is 4 "
+            f"tokens); got min_length={min_length}, max_length={max_length}."
+        )
+    if min_length >= listops_max_tokens(max_depth, max_args):
+        raise ValueError(
+            f"listops min_length={min_length}: expressions of max_depth={max_depth}, max_args={max_args} have at most "
+            f"{listops_max_tokens(max_depth, max_args)} tokens; lower min_length or raise the limits."
+        )
+    rng = random.Random(f"listops-{split}-{seed}")
+    buckets = LISTOPS_SPLITS[split]
+    out = []
+    while len(out) < num_examples:
+        tokens, value = _listops_tree(rng, 1, max_depth, max_args)
+        if not min_length < len(tokens) < max_length:  # LRA's rejection of too short / too long expressions
+            continue
+        if hashlib.sha1(tokens.encode()).digest()[0] % 10 not in buckets:
+            continue
+        out.append(_example([(tokens + LISTOPS_MARKER, False), (str(value), True)], seq_len, "listops"))
     return out
 
 
