@@ -24,6 +24,38 @@ ablation = load_benchmark("ablation")
 EVIDENCE = ablation.SIZES["evidence"]
 
 
+# ---- the running suite's protocol ---------------------------------------------------------------------------
+
+# What the rows of benchmarks/results/ablation_evidence.jsonl are matched by (ablation_plan.index_rows): a change to
+# a budget or the protocol id reruns its cells and drops every finished row from the tables. Change these only
+# together with a new protocol id.
+EVIDENCE_FINGERPRINTS = {
+    "mqar": "0ec7fefa49",
+    "passkey": "466236a302",
+    "passkey_long": "51932b965f",
+    "spiral": "1236ed346c",
+    "nbody": "f3b11f5447",
+}
+
+
+def test_the_evidence_protocol_budgets_and_plan_are_those_its_rows_ran():
+    assert {t: b.fingerprint() for t, b in EVIDENCE.budgets.items()} == EVIDENCE_FINGERPRINTS
+    assert EVIDENCE.protocol == "evidence-v1" and EVIDENCE.lrs == (3e-4, 1e-3, 3e-3)
+    attention = ["baseline", "softmax_srpe", "zpx_full", "pct", "pct_tuned"]
+    ladder = ["zpx_angle", "zpx_angle_sphere", "zpx_center"]
+    expected = [(v, t, 5, 0) for t in ("mqar", "passkey", "nbody") for v in attention]
+    expected += [("versor_hybrid", "mqar", 5, 0), ("versor_hybrid", "nbody", 5, 0), ("versor_hybrid", "passkey", 3, 1)]
+    expected += [(v, t, 3, 2) for t in ("mqar", "passkey") for v in ladder]
+    expected += [(v, "passkey_long", 2, 3) for v in attention if v != "softmax_srpe"]
+    expected += [(v, "spiral", 2, 4) for v in (*attention, "versor_hybrid", *ladder)]
+    cells = plan.evidence_cells(list(EVIDENCE.budgets))
+    assert [(c.name, c.task, c.seeds, c.tier) for c in cells] == expected
+    # the committed rows of this protocol are all current (none silently superseded)
+    rows = ablation.read_rows(BENCH / "results" / "ablation_evidence.jsonl")
+    ours = [r for r in rows if r.get("protocol") == EVIDENCE.protocol]
+    assert ours and len(_done(ours)) == len({plan.job_of(r, EVIDENCE) for r in ours})
+
+
 # ---- statistics ------------------------------------------------------------------------------------------
 
 
@@ -271,3 +303,4 @@ def test_report_verdicts_follow_the_holm_corrected_test(tmp_path):
     assert "| ZPX angle+sphere + centre loss, SRPE | better (Holm p" in text
     assert "**Progress: 21 of 21 planned runs done" in text  # 3 variants x (3 lrs + 4 seeds)
     assert "zpx_full @ lr 0.001" in text
+
