@@ -4,6 +4,7 @@
     python benchmarks/ablation.py --size evidence --workers 2 --report    # re-render from the saved rows only
     python benchmarks/ablation.py --size evidence_smoke --tasks mqar --variants baseline   # its machinery, ~1 min
     python benchmarks/ablation.py --size full --device cuda --workers 1   # the seeds' scale (16K needle), a GPU
+    python benchmarks/ablation.py --size full --device cuda --tasks listops   # LRA ListOps alone, a GPU
     python benchmarks/ablation.py --size medium                           # superseded protocol: one lr, 3 seeds
     python benchmarks/ablation.py --size small                            # CPU smoke suite of that protocol
 
@@ -21,7 +22,8 @@ each mixer; `versor_<mixer>@time` (medium protocol only) is Versor trained for t
 
 Tasks (`ablation_runs`): mqar, passkey (keyed needle among distractors, evaluated at multiples of the trained
 length), passkey_long (the same needle trained and tested at one long length), selective_copy, spiral
-(4 classes), text (pydoc bytes, held-out perplexity), nbody (rollout position MSE and energy drift).
+(4 classes), text (pydoc bytes, held-out perplexity), nbody (rollout position MSE and energy drift), listops
+(LRA ListOps: the value digit of a nested MAX / MIN / MED / SM expression, 10 classes).
 
 Every finished run is appended to results/ablation_<size>.jsonl at once; a rerun skips the runs already there
 with the same protocol and task budget, so an interrupted suite resumes where it stopped. Each run uses one
@@ -52,10 +54,14 @@ from ablation_runs import SizeSpec, TaskBudget, io_shape, nbody_reference, run_j
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = RESULTS.parents[1]
-TASKS = ("mqar", "passkey", "passkey_long", "selective_copy", "spiral", "text", "nbody")
+TASKS = ("mqar", "passkey", "passkey_long", "selective_copy", "spiral", "text", "nbody", "listops")
 
 
 NEEDLE_80 = {"length": 80, "num_needles": 2, "num_distractors": 2, "num_digits": 2, "compact": True}
+# LRA ListOps' generator settings (lra_benchmarks/data/listops.py flags): 500 < tokens < 2,000, depth 10, 10 args
+LISTOPS_LRA = {"min_length": 500, "max_length": 2000, "max_depth": 10, "max_args": 10}
+# the same task at a size a CPU trains in seconds (tests, smoke runs)
+LISTOPS_TINY = {"min_length": 4, "max_length": 48, "max_depth": 4, "max_args": 4}
 
 
 def _budgets(steps: dict[str, int], batch: int, lr: float, params: dict[str, dict[str, Any]], **extra: Any) -> dict:
@@ -68,7 +74,15 @@ SIZES = {
         layers=2,
         heads=2,
         budgets=_budgets(
-            {"mqar": 150, "passkey": 60, "selective_copy": 120, "spiral": 120, "text": 100, "nbody": 120},
+            {
+                "mqar": 150,
+                "passkey": 60,
+                "selective_copy": 120,
+                "spiral": 120,
+                "text": 100,
+                "nbody": 120,
+                "listops": 60,
+            },
             batch=8,
             lr=3e-3,
             warmup=10,
@@ -78,6 +92,7 @@ SIZES = {
                 "selective_copy": {"num_tokens": 4, "num_positions": 12},
                 "spiral": {"num_points": 24},
                 "text": {"length": 48, "train_blocks": 2000, "eval_blocks": 48},
+                "listops": LISTOPS_TINY,
                 "nbody": {
                     **NBODY_PROTOCOL,
                     "train_length": 60,
@@ -131,7 +146,7 @@ SIZES = {
         layers=1,
         heads=2,
         budgets=_budgets(
-            {"mqar": 16, "passkey": 16, "passkey_long": 8, "spiral": 16, "nbody": 16},
+            {"mqar": 16, "passkey": 16, "passkey_long": 8, "spiral": 16, "nbody": 16, "listops": 16},
             batch=4,
             lr=1e-3,
             warmup=4,
@@ -140,6 +155,7 @@ SIZES = {
                 "passkey": {"length": 40, "num_digits": 2, "compact": True},
                 "passkey_long": {"length": 64, "num_digits": 2, "compact": True},
                 "spiral": {"num_points": 8},
+                "listops": LISTOPS_TINY,
                 "nbody": {
                     **NBODY_PROTOCOL,
                     "train_length": 60,
@@ -192,8 +208,9 @@ SIZES = {
         val_examples=256,
     ),
     # The seeds' own scale, for a GPU (`--device cuda`): the evidence protocol (lr grid, validation, 5 headline
-    # seeds, curves) at 4 layers, the needle trained at 2,048 tokens and tested up to 8x (16K), and trained and
-    # tested at 16,384 tokens (seed 003's NIAH length). LRA is not implemented in this repository.
+    # seeds, curves) at 4 layers, the needle trained at 2,048 tokens and tested up to 8x (16K), trained and
+    # tested at 16,384 tokens (seed 003's NIAH length), and LRA ListOps at LRA's lengths (up to 2,000 tokens) and
+    # training budget (5,000 steps x batch 32; fresh expressions every step where LRA has a fixed 96K set).
     "full": SizeSpec(
         hidden=128,
         layers=4,
@@ -211,6 +228,7 @@ SIZES = {
             ),
             "passkey": TaskBudget(steps=3000, batch=16, lr=1e-3, params={**NEEDLE_80, "length": 2048}),
             "passkey_long": TaskBudget(steps=2000, batch=4, lr=1e-3, params={**NEEDLE_80, "length": 16384}),
+            "listops": TaskBudget(steps=5000, batch=32, lr=1e-3, params=LISTOPS_LRA),
         },
         eval_examples=512,
         passkey_multiples=(1, 2, 4, 8),

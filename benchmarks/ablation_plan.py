@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ablation_models import VARIANTS, family_of
-from ablation_runs import SELECTION, SizeSpec
+from ablation_runs import SELECTION, SizeSpec, task_seq_len
 
 Job = tuple[str, str, int, float]  # (variant, task, seed, lr)
 
@@ -59,7 +59,8 @@ def evidence_cells(
     """The evidence plan, in priority order (restricted to `tasks` / `variants` when given).
 
     tier 0 (headline, 5 seeds): MQAR, the needle trained at 80 and N-body for the attention variants; Versor
-    (parameter-matched) on MQAR and N-body;
+    (parameter-matched) on MQAR and N-body; LRA ListOps for the attention variants (only sizes with a `listops`
+    budget: `--size full`, a GPU; seed 003's "LRA" claim);
     tier 1: Versor on the needle, 3 seeds (a matched Versor step costs ~4x the baseline's on CPU);
     tier 2: seed 000's ZPX ladder on MQAR and the needle, 3 seeds;
     tier 3: the same-length needle (512 tokens) for the baseline, ZPX and PCT, 2 seeds;
@@ -69,6 +70,7 @@ def evidence_cells(
     every cell's seeds (a smoke-test size)."""
     plan = [Cell(v, t, HEADLINE_SEEDS, 0) for t in HEADLINE_TASKS for v in ATTENTION]
     plan += [Cell("versor_hybrid", t, HEADLINE_SEEDS, 0) for t in ("mqar", "nbody")]
+    plan += [Cell(v, "listops", HEADLINE_SEEDS, 0) for v in ATTENTION]
     plan += [Cell("versor_hybrid", "passkey", OTHER_SEEDS, 1)]
     plan += [Cell(v, t, OTHER_SEEDS, 2) for t in ("mqar", "passkey") for v in LADDER]
     plan += [Cell(v, "passkey_long", EXTRA_SEEDS, 3) for v in ATTENTION if v != "softmax_srpe"]
@@ -205,25 +207,30 @@ def step_seconds(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], float]
 
 def estimate_seconds(variant: str, task: str, spec: SizeSpec, measured: dict[tuple[str, str], float]) -> float:
     """One run's estimated wall seconds: steps x seconds per step of the family on the task (the medium rows;
-    the needle at 512 tokens: the 80-token needle's step x tokens per step; Versor at 512: x VERSOR_MATCHED_COST
-    over the baseline), plus the test evaluation of the needle at every length."""
+    the needle at 512 tokens and ListOps: the 80-token needle's step x tokens per step; Versor at 512: x
+    VERSOR_MATCHED_COST over the baseline), plus the evaluations (the needle at every length; ListOps)."""
     family = family_of(variant)
-    base_task = "passkey" if task == "passkey_long" else task
+    base_task = "passkey" if task in ("passkey_long", "listops") else task
     budget = spec.budgets[task]
     per_step = measured.get(("zpx", base_task), STEP_SECONDS[base_task])
     if family == "versor" and (spec.versor_max_hidden or 0) > spec.hidden:
         per_step *= VERSOR_MATCHED_COST
     elif family != "zpx":
         per_step = measured.get((family, base_task), per_step)
-    if task == "passkey_long":
-        reference = spec.budgets.get("passkey", budget)
-        tokens = budget.batch * budget.params["length"]
-        per_step *= tokens / (reference.batch * reference.params["length"])
+    if base_task != task:  # scaled from the 80-token needle by tokens per step
+        reference, reference_task = (
+            (spec.budgets["passkey"], "passkey") if "passkey" in spec.budgets else (budget, task)
+        )
+        tokens = budget.batch * task_seq_len(task, budget.params)
+        per_step *= tokens / (reference.batch * task_seq_len(reference_task, reference.params))
     seconds = per_step * budget.steps
     if task in ("passkey", "passkey_long"):  # forward only, ~1/3 of a training step per token
         lengths = spec.passkey_lengths(task)
         eval_tokens = spec.passkey_eval_examples * sum(lengths)
         seconds += per_step * eval_tokens / (3 * budget.batch * budget.params["length"])
+    if task == "listops":  # test, and validation at every checkpoint and the end, at the padded length
+        examples = spec.eval_examples + spec.val_examples * (len(spec.checkpoints) + 1)
+        seconds += per_step * examples / (3 * budget.batch)
     return seconds
 
 

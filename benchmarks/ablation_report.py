@@ -36,6 +36,7 @@ METRICS = {
     "spiral": [("accuracy", "spiral acc", True)],
     "text": [("perplexity", "text ppl/byte", False)],
     "nbody": [("position_mse", "N-body pos MSE", False), ("energy_drift", "N-body dE/E", False)],
+    "listops": [("accuracy", "ListOps acc", True)],
 }
 CHANCE = {"mqar": 1 / 26, "selective_copy": 1 / 26, "spiral": 0.25}
 LEARNED = 0.9  # a recall task counts as learned by the baseline at this answer accuracy
@@ -607,6 +608,11 @@ EVIDENCE_TABLES = [
         ("baseline", "zpx_angle", "zpx_angle_sphere", "zpx_center", "zpx_full", "softmax_srpe"),
     ),
     (
+        "LRA ListOps (Long Range Arena: the value of a nested MAX / MIN / MED / SM expression, chance 0.1)",
+        ("listops",),
+        ("baseline", "softmax_srpe", "zpx_full", "pct", "pct_tuned"),
+    ),
+    (
         "Spiral (geometry)",
         ("spiral",),
         (
@@ -657,15 +663,12 @@ def evidence_columns(spec: dict[str, Any], task: str, rows: Sequence[dict[str, A
         return [
             {"key": k, "label": f"N-body {k}", "higher": False, "bits": None, "shape": None} for k in present + extra
         ]
-    name = {"mqar": "MQAR acc", "spiral": "spiral acc", "selective_copy": "sel. copy acc", "text": "text ppl/byte"}[
-        task
-    ]
-    key = "perplexity" if task == "text" else "accuracy"
+    (key, name, higher), *_ = METRICS[task]
     return [
         {
             "key": key,
             "label": name,
-            "higher": task != "text",
+            "higher": higher,
             "bits": "bits" if task != "text" else None,
             "shape": "shape",
         }
@@ -815,6 +818,7 @@ def _claim(verdicts: dict, table: str, variant: str, key: str, task: str) -> str
 def evidence_claims(verdicts: dict, spec: Any, reference: dict[str, Any] | None) -> list[str]:
     """Each seed's claim as the seed states it, and what the corrected tests of this suite say about it."""
     head, same = EVIDENCE_TABLES[0][0], EVIDENCE_TABLES[1][0]
+    lra = next(title for title, tasks, _ in EVIDENCE_TABLES if tasks == ("listops",))
     longest = max(spec.passkey_multiples)
     nbody_key = next(
         (k.split("|")[2] for k in verdicts if k.startswith(f"{head}|versor_hybrid|") and k.endswith("|nbody")),
@@ -842,7 +846,14 @@ def evidence_claims(verdicts: dict, spec: Any, reference: dict[str, Any] | None)
         f"{spec.budgets['passkey_long'].params['length'] if 'passkey_long' in spec.budgets else 'n/a'} tokens: PCT "
         f"defaults {_claim(verdicts, same, 'pct', f'{NEEDLE}@1x', 'passkey_long')}"
         f"{tuned(same, f'{NEEDLE}@1x', 'passkey_long')}."
-        + ("" if options else " (No PCT scale option is listed in ablation_models.VARIANTS, so no `pct_tuned` cell.)"),
+        + ("" if options else " (No PCT scale option is listed in ablation_models.VARIANTS, so no `pct_tuned` cell.)")
+        + (
+            f" LRA (the seed names no LRA task; here ListOps, expressions of < "
+            f"{spec.budgets['listops'].params['max_length']} tokens): PCT defaults "
+            f"{_claim(verdicts, lra, 'pct', 'accuracy', 'listops')}{tuned(lra, 'accuracy', 'listops')}."
+            if "listops" in spec.budgets
+            else ""
+        ),
         f'- Versor (seed 004): "{SEED_VERSOR}" (the paper\'s own scale; no ± given). Here, parameter-matched '
         f"(Versor hidden up to {spec.versor_max_hidden}): N-body {nbody_key} "
         f"{_claim(verdicts, head, 'versor_hybrid', nbody_key, 'nbody')} "
@@ -861,7 +872,7 @@ def curve_plot(done: dict, cells: Sequence[Any], spec: Any, plan: Any, stem: Pat
     import matplotlib.pyplot as plt
     import numpy as np
 
-    tasks = [t for t in ("mqar", "passkey", "passkey_long", "spiral") if any(c.task == t for c in cells)]
+    tasks = [t for t in ("mqar", "passkey", "passkey_long", "spiral", "listops") if any(c.task == t for c in cells)]
     data = {}
     for cell in cells:
         if cell.task not in tasks:
@@ -1051,12 +1062,14 @@ def write_evidence(
     lines += [
         "### Still needs a GPU",
         "",
-        "The seeds' own settings do not fit a 2-core CPU: the 16K-token needle (seed 003), LRA (not implemented "
-        "in this repository), and the full model size. `--size full` is this protocol at that scale: 4 layers, "
+        "The seeds' own settings do not fit a 2-core CPU: the 16K-token needle (seed 003), LRA (seed 003; here "
+        "ListOps), and the full model size. `--size full` is this protocol at that scale: 4 layers, "
         "the lr grid, 5 headline seeds, the needle trained at 2,048 tokens and tested at 1-8x (to 16,384) and "
-        "trained and tested at 16,384 tokens, MQAR with 12 pairs, N-body on 2,048 training trajectories. Run it "
-        "with `python benchmarks/ablation.py --size full --device cuda --workers 1`; it has not been run (no GPU "
-        "here), so its cost is not measured.",
+        "trained and tested at 16,384 tokens, MQAR with 12 pairs, N-body on 2,048 training trajectories, and LRA "
+        "ListOps generated as LRA generates it (500 < tokens < 2,000, depth 10, up to 10 arguments; 5,000 steps × "
+        "batch 32) for the attention variants. Run it with `python benchmarks/ablation.py --size full --device "
+        "cuda --workers 1` (`--tasks listops` for ListOps alone); it has not been run (no GPU here), so its cost is "
+        "not measured.",
         "",
     ]
     lines += superseded_markdown(superseded)

@@ -94,6 +94,8 @@ def task_seq_len(task: str, params: dict[str, Any]) -> int:
         return params["num_points"] + 3
     if task in ("passkey", "passkey_long", "text"):
         return params["length"]
+    if task == "listops":  # BOS, an expression of at most max_length - 1 tokens, the marker, the value digit
+        return params["max_length"] + 2
     if task == "nbody":
         return params["context"] + params["rollout"]
     raise ValueError(f"unknown task {task!r}.")
@@ -110,7 +112,7 @@ def io_shape(task: str, budget: TaskBudget, spec: SizeSpec) -> dict[str, int]:
 def lm_examples(task: str, num: int, seed: int, params: dict[str, Any], length: int | None = None) -> list[dict]:
     """`num` examples of a token task from the package's generators (unpadded length = `task_seq_len`)."""
     from zpx_hf_train.data_geometry import spiral_examples
-    from zpx_hf_train.data_tasks import mqar_examples, passkey_examples, selective_copy_examples
+    from zpx_hf_train.data_tasks import listops_examples, mqar_examples, passkey_examples, selective_copy_examples
 
     task = GENERATOR.get(task, task)
     if task == "mqar":
@@ -122,6 +124,9 @@ def lm_examples(task: str, num: int, seed: int, params: dict[str, Any], length: 
         return passkey_examples(num, seed, seq_len=length or params["length"], **extra)
     if task == "spiral":
         return spiral_examples(num, seed, **params)
+    if task == "listops":  # expressions vary in length: padded on the right to the longest; split by data seed
+        split = {EVAL_SEED: "test", VAL_SEED: "val"}.get(seed, "train")
+        return listops_examples(num, seed, split=split, seq_len=task_seq_len(task, params), **params)
     raise ValueError(f"no generator for task {task!r}.")
 
 
@@ -301,6 +306,7 @@ SELECTION = {
     "mqar": ("val_accuracy", True),
     "selective_copy": ("val_accuracy", True),
     "spiral": ("val_accuracy", True),
+    "listops": ("val_accuracy", True),
     "passkey": ("val_passkey_digit_acc@1x", True),
     "passkey_long": ("val_passkey_digit_acc@1x", True),
     "text": ("val_perplexity", False),

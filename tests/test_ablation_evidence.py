@@ -304,3 +304,63 @@ def test_report_verdicts_follow_the_holm_corrected_test(tmp_path):
     assert "**Progress: 21 of 21 planned runs done" in text  # 3 variants x (3 lrs + 4 seeds)
     assert "zpx_full @ lr 0.001" in text
 
+
+# ---- LRA ListOps ------------------------------------------------------------------------------------------------
+
+
+def test_listops_runs_end_to_end_in_the_small_suite(tmp_path):
+    ablation.main(
+        ["--size", "small", "--tasks", "listops", "--variants", "baseline", "--seeds", "1"]
+        + ["--output", str(tmp_path)]
+    )
+    (row,) = ablation.read_rows(tmp_path / "ablation_small.jsonl")
+    assert row["status"] == "ok", row.get("traceback")
+    small = ablation.SIZES["small"]
+    assert row["steps_done"] == small.budgets["listops"].steps
+    assert row["shape"] == [small.eval_examples, 1] and 0 <= row["accuracy"] <= 1  # one answer digit per example
+    assert "ListOps acc" in (tmp_path / "ablation_small.md").read_text()
+
+
+def test_a_listops_evidence_job_selects_on_validation_with_curves():
+    spec = ablation.SIZES["evidence_smoke"]
+    width = ablation.width_table(spec, ["baseline"], ["listops"], 0.1)["baseline/listops"]
+    job = {"variant": "baseline", "task": "listops", "seed": 0, "lr": 3e-3, "spec": ablation.asdict(spec)}
+    row = runs.run_job({**job, "width": width})
+    assert row["status"] == "ok", row.get("traceback")
+    assert [s for s, _ in row["val_curve"]] == [4, 8, 16] and row["val_curve"][-1][1] == row["val_accuracy"]
+    assert row["shape"] == [spec.eval_examples, 1] and row["flops_per_step"] > 0
+    # validation and test expressions come from their own hash buckets: disjoint from each other and training
+    params = spec.budgets["listops"].params
+    val = {tuple(r["input_ids"]) for r in runs.lm_examples("listops", 40, runs.VAL_SEED, params)}
+    test = {tuple(r["input_ids"]) for r in runs.lm_examples("listops", 40, runs.EVAL_SEED, params)}
+    train = {
+        tuple(r["input_ids"]) for s in range(20) for r in runs.lm_examples("listops", 8, runs.train_seed(0, s), params)
+    }
+    assert not val & test and not train & (val | test)
+
+
+def test_full_size_plans_listops_for_the_attention_variants_and_reports_the_lra_claim(tmp_path):
+    full = ablation.SIZES["full"]
+    assert full.budgets["listops"].params == {"min_length": 500, "max_length": 2000, "max_depth": 10, "max_args": 10}
+    assert runs.io_shape("listops", full.budgets["listops"], full)["max_pos"] == 2002
+    cells = [c for c in plan.evidence_cells(list(full.budgets), max_seeds=full.seeds) if c.task == "listops"]
+    assert [(c.name, c.seeds, c.tier) for c in cells] == [(v, 5, 0) for v in plan.ATTENTION]
+    assert not [c for c in plan.evidence_cells(list(EVIDENCE.budgets)) if c.task == "listops"]
+    hours = plan.estimate(cells, full, {}, workers=1)
+    assert 0 < hours["total"] < math.inf
+    fingerprint = full.budgets["listops"].fingerprint()
+    rows = []
+    for variant, accuracies in (("baseline", [0.30, 0.32, 0.31, 0.33, 0.29]), ("pct", [0.60, 0.62, 0.61, 0.63, 0.64])):
+        for seed, acc in enumerate(accuracies):
+            hits = np.zeros((512, 1), bool)
+            hits[: round(acc * 512)] = True
+            row = {"variant": variant, "task": "listops", "seed": seed, "lr": 1e-3, "status": "ok"}
+            row |= {"protocol": full.protocol, "budget": fingerprint, "val_accuracy": acc}
+            rows.append({**row, **runs.hit_metrics(hits, "", bits=True)})
+        rows += [{**rows[-1], "seed": 0, "lr": lr, "val_accuracy": 0.1} for lr in (3e-4, 3e-3)]
+    cells = [c for c in cells if c.name in ("baseline", "pct")]
+    meta = {"command": "c", "date": "d", "machine": "m"}
+    done = plan.index_rows(rows, full)
+    text = report.write_evidence(done, cells, full, {}, meta, [], None, tmp_path / "f", figures=False)
+    assert "### LRA ListOps" in text and "| ListOps acc ↑ |" in text
+    assert "LRA (the seed names no LRA task; here ListOps, expressions of < 2000 tokens): PCT defaults better" in text
