@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -50,7 +49,7 @@ import ablation_plan
 from ablation_models import VARIANTS, base_variant, family_of, match_width
 from ablation_nbody import NBODY_PROTOCOL
 from ablation_report import TIME_SUFFIX, write_evidence, write_outputs
-from ablation_runs import SizeSpec, TaskBudget, io_shape, nbody_reference, run_job
+from ablation_runs import SizeSpec, TaskBudget, append_row, io_shape, nbody_reference, read_rows, run_job
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = RESULTS.parents[1]
@@ -274,19 +273,6 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} CPU cores, torch {torch.__version__}, Python {platform.python_version()}"
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The jsonl rows; a line cut by an interruption (the last one) is ignored."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
-
-
 def current_rows(rows: list[dict[str, Any]], spec: SizeSpec) -> list[dict[str, Any]]:
     """Rows of this spec's budgets (a changed budget reruns its task), last row per (variant, task, seed)."""
     fingerprints = {task: budget.fingerprint() for task, budget in spec.budgets.items()}
@@ -435,10 +421,7 @@ def run_evidence(args: argparse.Namespace, spec: SizeSpec, stem: Path, meta: dic
         }
 
     def record(row: dict[str, Any]) -> None:
-        with open(path, "a") as log:
-            log.write(json.dumps(row) + "\n")
-            log.flush()
-            os.fsync(log.fileno())
+        append_row(path, row)
         status = progress_line(read_rows(path))
         shown = {k: row.get(k) for k in ("variant", "task", "seed", "lr", "status") if k in row}
         shown |= {k: round(v, 4) for k, v in row.items() if isinstance(v, float) and not k.startswith("val_")}
@@ -575,10 +558,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def record(row: dict[str, Any]) -> None:
         nonlocal finished
-        with open(stem.with_suffix(".jsonl"), "a") as log:
-            log.write(json.dumps(row) + "\n")
-            log.flush()
-            os.fsync(log.fileno())
+        append_row(stem.with_suffix(".jsonl"), row)
         finished += 1
         spent.setdefault(f"{family_of(row['variant'])}/{row['task']}", []).append(row["seconds"])
         mean = statistics.mean(s for v in spent.values() for s in v)

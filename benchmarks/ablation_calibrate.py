@@ -13,7 +13,6 @@ the settings that were tried and rejected, and the exact commands.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -21,7 +20,18 @@ from typing import Any
 
 import torch
 from ablation_models import baseline_width, build_model
-from ablation_runs import EVAL_SEED, Rows, SizeSpec, TaskBudget, io_shape, lm_examples, lm_loss_fn, train_loop
+from ablation_runs import (
+    EVAL_SEED,
+    Rows,
+    SizeSpec,
+    TaskBudget,
+    append_row,
+    io_shape,
+    lm_examples,
+    lm_loss_fn,
+    read_rows,
+    train_loop,
+)
 from measure import clock  # benchmarks/measure.py: the one wall clock of every benchmark
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -232,10 +242,7 @@ def run_trial(name: str, seed: int, probe_every: int, target: float, eval_exampl
 
 
 def done_trials() -> set[tuple[str, int]]:
-    if not TRIALS_FILE.exists():
-        return set()
-    rows = [json.loads(line) for line in TRIALS_FILE.read_text().splitlines() if line.strip()]
-    return {(r["trial"], r["seed"]) for r in rows}
+    return {(r["trial"], r["seed"]) for r in read_rows(TRIALS_FILE)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -258,10 +265,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"[{name} seed {seed}] already in {TRIALS_FILE.name}, skipped", flush=True)
                 continue
             row = run_trial(name, seed, args.probe, args.target, args.eval_examples)
-            with open(TRIALS_FILE, "a") as f:
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            append_row(TRIALS_FILE, row)
     if args.render:
         render()
 

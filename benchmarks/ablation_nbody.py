@@ -45,7 +45,6 @@ have (one token is one 30-feature time step); not run.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from collections.abc import Callable
@@ -430,14 +429,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not args.study and not args.render:
         parser.error("give --study NAME... and/or --render")
+    from ablation_runs import append_row, read_rows
+
     torch.set_num_threads(1)
     for name in args.study or []:
         row = study_run(name, args.seed)
-        with STUDY_FILE.open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
+        append_row(STUDY_FILE, row)
         print(f"[{name}] test {row['position_mse']:.5f} val {row['val_position_mse']:.5f}", flush=True)
     if args.render:
-        rows = [json.loads(line) for line in STUDY_FILE.read_text().splitlines() if line.strip()]
+        rows = read_rows(STUDY_FILE)
         order = list(STUDY)
         rows.sort(key=lambda r: (order.index(r["name"]), r["seed"]))
         seeds = sorted({r["seed"] for r in rows})

@@ -15,9 +15,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -82,6 +84,27 @@ class SizeSpec:
     def passkey_lengths(self, task: str = "passkey") -> list[int]:
         length = self.budgets[task].params["length"]
         return [length * m for m in self.multiples(task)]
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a results jsonl; a line cut by an interruption (the last one) is ignored."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def append_row(path: Path, row: dict[str, Any]) -> None:
+    """Append one row to a results jsonl, flushed to disk: a finished run survives an interruption."""
+    with open(path, "a") as log:
+        log.write(json.dumps(row) + "\n")
+        log.flush()
+        os.fsync(log.fileno())
 
 
 def task_seq_len(task: str, params: dict[str, Any]) -> int:
@@ -405,6 +428,8 @@ __all__ = [
     "SELECTION",
     "VAL_SEED",
     "answer_hits",
+    "append_row",
+    "read_rows",
     "config_hash",
     "evaluate_lm",
     "hit_metrics",

@@ -16,9 +16,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import datetime
-import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +24,7 @@ from typing import Any
 
 from ablation import SIZES
 from ablation_models import match_width, model_config
-from ablation_runs import evaluate_lm, io_shape, lm_loss_fn, train_loop
+from ablation_runs import append_row, evaluate_lm, io_shape, lm_loss_fn, read_rows, train_loop
 from measure import clock
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -117,14 +115,9 @@ def initial_gates(arm: str, complex_head_dim: int, trials: int = 512) -> dict[st
     return {"match": float(gates[:, 0].mean()), "others_sum": float(gates[:, 1:].sum(-1).mean())}
 
 
-def read_rows() -> list[dict[str, Any]]:
-    path = STEM.with_suffix(".jsonl")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
 def render(command: str, steps: int) -> str:
     budget = sweep_spec(steps).budgets[TASK].fingerprint()
-    rows = [r for r in read_rows() if r.get("status") == "ok" and r["budget"] == budget]
+    rows = [r for r in read_rows(STEM.with_suffix(".jsonl")) if r.get("status") == "ok" and r["budget"] == budget]
     lines = [
         "# PCT defaults: keyed needle at the trained length",
         "",
@@ -198,7 +191,11 @@ def main(argv: list[str] | None = None) -> None:
         print(render(command, args.steps))
         return
     budget = sweep_spec(args.steps).budgets[TASK].fingerprint()
-    done = {(r["arm"], r["seed"]) for r in read_rows() if r.get("status") == "ok" and r["budget"] == budget}
+    done = {
+        (r["arm"], r["seed"])
+        for r in read_rows(STEM.with_suffix(".jsonl"))
+        if r.get("status") == "ok" and r["budget"] == budget
+    }
     todo = [(arm, seed) for seed in range(args.seeds) for arm in args.arms if (arm, seed) not in done]
     print(f"[plan] {len(done)} done, {len(todo)} to run", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -206,10 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         futures = [pool.submit(run_arm, arm, seed, args.steps) for arm, seed in todo]
         for future in concurrent.futures.as_completed(futures):
             row = future.result()
-            with open(STEM.with_suffix(".jsonl"), "a") as log:
-                log.write(json.dumps(row) + "\n")
-                log.flush()
-                os.fsync(log.fileno())
+            append_row(STEM.with_suffix(".jsonl"), row)
             print({k: row[k] for k in row if k not in ("tau_end", "gate_bias_end")}, flush=True)
             render(command, args.steps)
     print(render(command, args.steps))
