@@ -17,12 +17,11 @@ import concurrent.futures
 import dataclasses
 import datetime
 import math
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from ablation import SIZES
+from ablation import SIZES, provenance
 from ablation_models import match_width, model_config
 from ablation_runs import append_row, evaluate_lm, io_shape, lm_loss_fn, read_rows, train_loop
 from measure import clock
@@ -50,13 +49,6 @@ def sweep_spec(steps: int) -> Any:
     return dataclasses.replace(spec, budgets=budgets, passkey_multiples=MULTIPLES)
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "unknown"
-
-
 def run_arm(arm: str, seed: int, steps: int) -> dict[str, Any]:
     """Train and evaluate one (arm, seed); a failure is recorded in the row."""
     import torch
@@ -74,7 +66,7 @@ def run_arm(arm: str, seed: int, steps: int) -> dict[str, Any]:
     )
     config = PCTConfig.from_dict({**base.to_dict(), "tau_init": None, **ARMS[arm]})
     row: dict[str, Any] = {"arm": arm, "seed": seed, "budget": budget.fingerprint(), "steps": steps, **ARMS[arm]}
-    row.update(commit=commit(), lr=budget.lr, hidden=width["hidden"], params=width["params"])
+    row.update(provenance(), lr=budget.lr, hidden=width["hidden"], params=width["params"])
     start = clock()
     try:
         torch.manual_seed(seed)
@@ -153,7 +145,7 @@ def render(command: str, steps: int) -> str:
             f"| {arm} | {ARMS[arm]['tau']} | {mine[0]['tau_start']:.3g} | {ARMS[arm]['train_context_length']} | "
             f"{len(mine)} | {' / '.join(f'{e:.3f}' for e in em1)} | {sum(em1) / len(em1):.3f} | "
             f"{sum(em8) / len(em8):.3f} | {sum(tau_end) / len(tau_end):.2f} | {sum(bias_end) / len(bias_end):.2f} | "
-            f"{', '.join(sorted({r['commit'] for r in mine}))} |"
+            f"{', '.join(sorted({r['commit'][:7] + (' (dirty)' if r.get('dirty') else '') for r in mine}))} |"
         )
     lines += [
         "",
