@@ -25,6 +25,7 @@ VARIANT_LABELS = {
     "zpx_srpe": "ZPX angle+sphere, SRPE",
     "zpx_full": "ZPX angle+sphere + centre loss, SRPE",
     "pct": "PCT (sigmoid, complex)",
+    "pct_tau_sqrt_d": "PCT, fixed tau = sqrt(d)",
     "versor_gpa": "Versor GPA",
     "versor_rra": "Versor RRA",
     "versor_hybrid": "Versor hybrid",
@@ -588,7 +589,6 @@ SEED_VERSOR = (
 EVIDENCE_LABELS = {
     **VARIANT_LABELS,
     "pct_tuned": "PCT, tuned over its scale options",
-    "pct_tau_learnable": "PCT, learnable tau",
 }
 # (title, tasks, variants) of each evidence table; the Holm correction runs over all comparisons of one table
 EVIDENCE_TABLES = [

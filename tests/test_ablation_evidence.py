@@ -178,6 +178,13 @@ def test_pct_tuned_selects_over_scale_options_and_shares_runs_with_pct(monkeypat
     assert plan.select(cells[0], _done(rows), EVIDENCE)["variant"] == "pct"
 
 
+def test_every_variant_and_tuned_group_has_a_report_label():
+    # the medium-protocol tables call report.label(variant) for every variant run (--size small runs them all)
+    assert set(models.VARIANTS) <= set(report.VARIANT_LABELS)
+    assert set(plan.TUNED_GROUPS) <= set(report.EVIDENCE_LABELS)
+    assert report.label("pct_tau_sqrt_d") == "PCT, fixed tau = sqrt(d)"
+
+
 def test_headline_cells_run_first_and_stage_two_before_later_stage_one():
     cells = plan.evidence_cells(list(EVIDENCE.budgets))
     assert {c.task for c in cells if c.tier == 0} == set(plan.HEADLINE_TASKS)
