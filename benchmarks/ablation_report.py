@@ -39,7 +39,6 @@ METRICS = {
     "nbody": [("position_mse", "N-body pos MSE", False), ("energy_drift", "N-body dE/E", False)],
     "listops": [("accuracy", "ListOps acc", True)],
 }
-CHANCE = {"mqar": 1 / 26, "selective_copy": 1 / 26, "spiral": 0.25}
 LEARNED = 0.9  # a recall task counts as learned by the baseline at this answer accuracy
 # The needle's answer accuracy (per answer digit, as MQAR's per answer token); exact match is kept in csv/json.
 NEEDLE = "passkey_digit_acc"
