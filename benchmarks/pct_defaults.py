@@ -1,13 +1,14 @@
-"""PCT defaults sweep (issue 21): which tau mode, initial scale and gate-bias length let PCT learn the keyed needle.
+"""PCT defaults sweep (issue 21): which tau mode, initial scale and gate-bias length let PCT learn recall.
 
-    python benchmarks/pct_defaults.py                 # the sweep below, 2 workers; resumable
+    python benchmarks/pct_defaults.py --task mqar     # every arm on the evidence suite's MQAR, 1 seed; resumable
+    python benchmarks/pct_defaults.py --task passkey  # the keyed needle trained at 80 tokens
     python benchmarks/pct_defaults.py --report        # re-render the markdown from the saved rows only
 
-Every arm trains the hidden-matched PCT of the medium suite on the medium keyed-needle budget (length 80,
-2 needles / 2 distractors, 2 digits, compact; `benchmarks/ablation.py`), for fewer steps, through the
-ablation machinery (`ablation_runs.train_loop` / `evaluate_lm`); only the PCT config fields named by the arm
-differ. Answer exact match at the trained length (1x) and 8x it. Rows are appended to
-`benchmarks/results/pct_defaults.jsonl`; a (arm, seed) row with the same budget is not run again.
+Every arm trains the hidden-matched PCT of the evidence suite on one of its task budgets (`benchmarks/ablation.py
+--size evidence`), for `--steps` steps at lr 1e-3, through the ablation machinery (`ablation_runs.train_loop`,
+`evaluate_lm`, the validation curve of `curve_probe`); only the PCT config fields named by the arm differ. The
+gate bias starts at b_h = -log(n), n = `context` x the task's trained length. Rows are appended to
+`benchmarks/results/pct_defaults.jsonl`; an (task, arm, seed) row with the same budget and steps is not run again.
 """
 
 from __future__ import annotations
@@ -23,57 +24,82 @@ from typing import Any
 
 from ablation import SIZES, provenance
 from ablation_models import match_width, model_config
-from ablation_runs import append_row, evaluate_lm, io_shape, lm_loss_fn, read_rows, train_loop
+from ablation_runs import (
+    SELECTION,
+    append_row,
+    curve_probe,
+    evaluate_lm,
+    io_shape,
+    lm_loss_fn,
+    read_rows,
+    train_loop,
+)
 from measure import clock
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STEM = RESULTS / "pct_defaults"
-TASK = "passkey"
-COMPLEX_HEAD_DIM = 24  # hidden-matched PCT of the medium suite: hidden 192, 4 heads of real width 48
-MULTIPLES = (1, 8)  # 8x keeps max_position_embeddings = 640, the suite's
-# arm -> PCT config fields; b_h = -log(train_context_length). "old" is the code before issue 21:
-# tau = sqrt(d) fixed, b_h = -log(max_position_embeddings) = -log(640).
+COMPLEX_HEAD_DIM = 24  # hidden-matched PCT of the suite: hidden 192, 4 heads of real width 48
+# task -> (the evidence suite's budget it trains on, default steps, test metric shown per seed). MQAR: 4x the
+# suite's 300 steps, so an arm that only escapes the plateau later shows it on its curve (300 is a curve point).
+TASKS = {"mqar": ("mqar", 1200, "accuracy"), "passkey": ("passkey", 800, "passkey_em@1x")}
+LR = 1e-3
+# arm -> PCT config fields, plus `context`: n = context x the trained length (b_h = -log n). "old" is the code
+# before issue 21: tau = sqrt(d) fixed, b_h = -log(max_position_embeddings) = -log(8 x the trained length) in the
+# suite; "sqrt_d_n1x" is the suite's `pct_tau_sqrt_d` variant.
 ARMS: dict[str, dict[str, Any]] = {
-    "log_tau20_n80": {"tau": "log_learnable", "tau_init": 20.0, "train_context_length": 80},
-    "old_sqrt_d_n640": {"tau": "sqrt_d", "train_context_length": 640},
-    "log_tau20_n640": {"tau": "log_learnable", "tau_init": 20.0, "train_context_length": 640},
-    "log_tau10_n80": {"tau": "log_learnable", "tau_init": 10.0, "train_context_length": 80},
-    "fixed_tau20_n80": {"tau": 20.0, "train_context_length": 80},
-    "log_tau5_n80": {"tau": "log_learnable", "tau_init": 5.0, "train_context_length": 80},
+    "log_tau20_n1x": {"tau": "log_learnable", "tau_init": 20.0, "context": 1},  # the package defaults
+    "log_tau10_n1x": {"tau": "log_learnable", "tau_init": 10.0, "context": 1},
+    "log_tau5_n1x": {"tau": "log_learnable", "tau_init": 5.0, "context": 1},
+    "sqrt_d_n1x": {"tau": "sqrt_d", "context": 1},
+    "old_sqrt_d_n8x": {"tau": "sqrt_d", "context": 8},
+    "log_tau20_n8x": {"tau": "log_learnable", "tau_init": 20.0, "context": 8},
+    "fixed_tau20_n1x": {"tau": 20.0, "context": 1},
 }
 
 
-def sweep_spec(steps: int) -> Any:
-    spec = SIZES["medium"]
-    budgets = {TASK: dataclasses.replace(spec.budgets[TASK], steps=steps)}
-    return dataclasses.replace(spec, budgets=budgets, passkey_multiples=MULTIPLES)
+def pct_fields(arm: str, trained_length: int) -> dict[str, Any]:
+    fields = {k: v for k, v in ARMS[arm].items() if k != "context"}
+    return {**fields, "train_context_length": ARMS[arm]["context"] * trained_length}
 
 
-def run_arm(arm: str, seed: int, steps: int) -> dict[str, Any]:
-    """Train and evaluate one (arm, seed); a failure is recorded in the row."""
+def sweep_spec(task: str, steps: int) -> Any:
+    """The evidence spec with one task's budget at `steps` steps and lr `LR`; the needle tested at 1x and 8x."""
+    spec = SIZES["evidence"]
+    name = TASKS[task][0]
+    budgets = {name: dataclasses.replace(spec.budgets[name], steps=steps, lr=LR)}
+    return dataclasses.replace(spec, budgets=budgets, passkey_multiples=(1, 8))
+
+
+def run_arm(task: str, arm: str, seed: int, steps: int) -> dict[str, Any]:
+    """Train and evaluate one (task, arm, seed); a failure is recorded in the row."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from zpx_hf import PCTConfig
 
     torch.set_num_threads(1)
-    spec = sweep_spec(steps)
-    budget = spec.budgets[TASK]
-    io = io_shape(TASK, budget, spec)
+    spec = sweep_spec(task, steps)
+    name = TASKS[task][0]
+    budget = spec.budgets[name]
+    io = io_shape(name, budget, spec)
     width = match_width("pct", spec.hidden, spec.layers, spec.heads, io, 0.10, None)
     base = model_config(
         "pct", width["hidden"], width["intermediate"], spec.layers, spec.heads, io["vocab"], io["max_pos"]
     )
-    config = PCTConfig.from_dict({**base.to_dict(), "tau_init": None, **ARMS[arm]})
-    row: dict[str, Any] = {"arm": arm, "seed": seed, "budget": budget.fingerprint(), "steps": steps, **ARMS[arm]}
-    row.update(provenance(), lr=budget.lr, hidden=width["hidden"], params=width["params"])
+    fields = pct_fields(arm, io["train_length"])
+    config = PCTConfig.from_dict({**base.to_dict(), "tau_init": None, **fields})
+    row: dict[str, Any] = {"task": task, "arm": arm, "seed": seed, "budget": budget.fingerprint(), "steps": steps}
+    row.update(fields, **provenance(), lr=budget.lr, hidden=width["hidden"], params=width["params"])
     start = clock()
     try:
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config)
         row["tau_start"] = config.initial_tau
-        row.update(train_loop(model, lm_loss_fn(model, TASK, budget, seed, "cpu"), budget))
-        row.update(evaluate_lm(model, TASK, spec, budget))
+        curve: list[list[float]] = []
+        probe, every = curve_probe(model, name, spec, budget, curve)
+        row.update(train_loop(model, lm_loss_fn(model, name, budget, seed, "cpu"), budget, None, probe, every))
+        row["val_curve"] = curve
+        row.update(evaluate_lm(model, name, spec, budget))
         with torch.no_grad():
             attention = [layer.self_attn for layer in model.model.layers]
             taus = [torch.as_tensor(a.temperature(), dtype=torch.float32).expand(a.num_heads) for a in attention]
@@ -86,17 +112,16 @@ def run_arm(arm: str, seed: int, steps: int) -> dict[str, Any]:
     return row
 
 
-def initial_gates(arm: str, complex_head_dim: int, trials: int = 512) -> dict[str, float]:
-    """Gates at initialisation (no training) of one query row at the trained length 80: the one key equal to the
-    query (cosine 1) and the sum over the 79 others (random unit keys), mean over `trials` rows; through the
-    package's `pct_attention_weights` with the arm's initial tau and b_h = -log(n)."""
+def initial_gates(arm: str, complex_head_dim: int, length: int, trials: int = 512) -> dict[str, float]:
+    """Gates at initialisation (no training) of one query row at the trained `length`: the one key equal to the
+    query (cosine 1) and the sum over the length - 1 others (random unit keys), mean over `trials` rows; through
+    the package's `pct_attention_weights` with the arm's initial tau and b_h = -log(n)."""
     import torch
 
     from zpx_hf import PCTConfig
     from zpx_hf.ops_pct import pct_attention_weights
 
-    length = sweep_spec(800).budgets[TASK].params["length"]
-    config = PCTConfig(hidden_size=8 * complex_head_dim, num_attention_heads=4, **ARMS[arm])
+    config = PCTConfig(hidden_size=8 * complex_head_dim, num_attention_heads=4, **pct_fields(arm, length))
     generator = torch.Generator().manual_seed(0)
     keys = torch.nn.functional.normalize(
         torch.randn(trials, 1, length, 2 * complex_head_dim, generator=generator), dim=-1
@@ -107,98 +132,145 @@ def initial_gates(arm: str, complex_head_dim: int, trials: int = 512) -> dict[st
     return {"match": float(gates[:, 0].mean()), "others_sum": float(gates[:, 1:].sum(-1).mean())}
 
 
-def render(command: str, steps: int) -> str:
-    budget = sweep_spec(steps).budgets[TASK].fingerprint()
-    rows = [r for r in read_rows(STEM.with_suffix(".jsonl")) if r.get("status") == "ok" and r["budget"] == budget]
+def trained_length(task: str, steps: int) -> int:
+    spec = sweep_spec(task, steps)
+    name = TASKS[task][0]
+    return io_shape(name, spec.budgets[name], spec)["train_length"]
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def render_task(task: str, steps: int) -> list[str]:
+    spec = sweep_spec(task, steps)
+    name, _, metric = TASKS[task]
+    budget = spec.budgets[name]
+    length = trained_length(task, steps)
+    rows = [
+        r
+        for r in read_rows(STEM.with_suffix(".jsonl"))
+        if r.get("task", "passkey") == task
+        and r.get("status") == "ok"
+        and r["budget"] == budget.fingerprint()
+        and r.get("steps") == steps
+        and r.get("arm") in ARMS
+    ]
+    extra = " and at 8x" if task == "passkey" else ""
     lines = [
-        "# PCT defaults: keyed needle at the trained length",
+        f"## {task}: {steps} steps, lr {LR:g}, trained length {length}",
         "",
-        f"Command: `{command}` ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC).",
+        f"Budget `{name}` of `--size evidence` ({budget.params}; batch {budget.batch}) at {steps} steps; test "
+        f"`{metric}` on {spec.eval_examples if task != 'passkey' else spec.passkey_eval_examples} held-out "
+        f"examples{extra}; the validation curve is `{SELECTION[name][0]}` on {spec.val_examples} examples at "
+        "1/8, 1/4, 1/2 and all of the steps.",
         "",
-        f"Hidden-matched PCT of the medium suite, medium needle budget (length 80, 2 needles / 2 distractors, "
-        f"2 digits, compact; batch 32, lr 1e-3) for {steps} steps; answer exact match on 64 needles at 1x and 8x "
-        "the trained length. b_h starts at -log(n), n = `train_context_length`; tau per head at `tau_start`.",
-        "",
-        "| arm | tau | tau_start | n (b_h = -log n) | seeds | EM@1x per seed | EM@1x mean | EM@8x mean | "
-        "tau at end (mean) | b_h at end (mean) | commit |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     if not rows:
-        lines.insert(
-            6,
-            "No training arm has finished yet (on the shared 2-core machine each process got ~11% of a core: an "
-            "800-step run was estimated at about two hours); "
-            "`python benchmarks/pct_defaults.py` runs them and fills this table.\n",
-        )
+        lines.append(f"No arm has run yet: `python benchmarks/pct_defaults.py --task {task}` runs them.\n")
+    lines += [
+        f"| arm | tau | tau_start | n (b_h = -log n) | seeds | {metric} per seed | mean |"
+        + (" passkey_em@8x mean |" if task == "passkey" else "")
+        + " validation curve (step: mean) | tau at end (mean) | b_h at end (mean) | commit |",
+        "|---|---|---|---|---|---|---|" + ("---|" if task == "passkey" else "") + "---|---|---|---|",
+    ]
     for arm in ARMS:
+        fields = pct_fields(arm, length)
         mine = sorted((r for r in rows if r["arm"] == arm), key=lambda r: r["seed"])
         if not mine:
-            lines.append(
-                f"| {arm} | {ARMS[arm]['tau']} | | {ARMS[arm]['train_context_length']} | 0 | not run | | | | | |"
-            )
+            blank = " |" * (6 if task == "passkey" else 5)
+            lines.append(f"| {arm} | {fields['tau']} | | {fields['train_context_length']} | 0 | not run{blank}")
             continue
-        em1 = [r["passkey_em@1x"] for r in mine]
-        em8 = [r["passkey_em@8x"] for r in mine]
-        tau_end = [sum(map(sum, r["tau_end"])) / sum(map(len, r["tau_end"])) for r in mine]
-        bias_end = [sum(map(sum, r["gate_bias_end"])) / sum(map(len, r["gate_bias_end"])) for r in mine]
+        scores = [r[metric] for r in mine]
+        points = sorted({p[0] for r in mine for p in r.get("val_curve", [])})
+        curve = ", ".join(
+            f"{p}: {mean([v for r in mine for q, v in r.get('val_curve', []) if q == p]):.3f}" for p in points
+        )
+        tau_end = mean([mean([t for head in r["tau_end"] for t in head]) for r in mine])
+        bias_end = mean([mean([b for head in r["gate_bias_end"] for b in head]) for r in mine])
+        commits = ", ".join(sorted({r["commit"][:7] + (" (dirty)" if r.get("dirty") else "") for r in mine}))
+        at8 = f" {mean([r['passkey_em@8x'] for r in mine]):.3f} |" if task == "passkey" else ""
         lines.append(
-            f"| {arm} | {ARMS[arm]['tau']} | {mine[0]['tau_start']:.3g} | {ARMS[arm]['train_context_length']} | "
-            f"{len(mine)} | {' / '.join(f'{e:.3f}' for e in em1)} | {sum(em1) / len(em1):.3f} | "
-            f"{sum(em8) / len(em8):.3f} | {sum(tau_end) / len(tau_end):.2f} | {sum(bias_end) / len(bias_end):.2f} | "
-            f"{', '.join(sorted({r['commit'][:7] + (' (dirty)' if r.get('dirty') else '') for r in mine}))} |"
+            f"| {arm} | {fields['tau']} | {mine[0]['tau_start']:.3g} | {fields['train_context_length']} | "
+            f"{len(mine)} | {' / '.join(f'{v:.3f}' for v in scores)} | {mean(scores):.3f} |{at8} {curve} | "
+            f"{tau_end:.2f} | {bias_end:.2f} | {commits} |"
         )
     lines += [
         "",
-        "Gates at initialisation (no training; `initial_gates`): one query row at length 80, complex head dim "
-        f"d = {COMPLEX_HEAD_DIM} (the hidden-matched PCT), the needle's key (cosine 1) against 79 random unit keys.",
+        f"Gates at initialisation (no training; `initial_gates`): one query row at length {length}, complex head "
+        f"dim d = {COMPLEX_HEAD_DIM} (the hidden-matched PCT), the matching key (cosine 1) against {length - 1} "
+        "random unit keys.",
         "",
-        "| arm | tau_start | b_h | gate of the matching key | sum of the 79 other gates |",
+        f"| arm | tau_start | b_h | gate of the matching key | sum of the {length - 1} other gates |",
         "|---|---|---|---|---|",
     ]
-    for arm in ARMS:
-        from zpx_hf import PCTConfig
+    from zpx_hf import PCTConfig
 
-        config = PCTConfig(hidden_size=8 * COMPLEX_HEAD_DIM, num_attention_heads=4, **ARMS[arm])
-        gates = initial_gates(arm, COMPLEX_HEAD_DIM)
+    for arm in ARMS:
+        config = PCTConfig(hidden_size=8 * COMPLEX_HEAD_DIM, num_attention_heads=4, **pct_fields(arm, length))
+        gates = initial_gates(arm, COMPLEX_HEAD_DIM, length)
         lines.append(
             f"| {arm} | {config.initial_tau:.3g} | {-math.log(config.train_context_length):.2f} | "
             f"{gates['match']:.3f} | {gates['others_sum']:.3f} |"
         )
-    text = "\n".join(lines) + "\n"
+    return lines + [""]
+
+
+def render(commands: dict[str, str], steps: dict[str, int]) -> str:
+    lines = [
+        "# PCT defaults: which score scale and gate bias let PCT learn recall",
+        "",
+        f"Rendered {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. Commands: "
+        + "; ".join(f"`{commands[t]}`" for t in TASKS)
+        + ". Hidden-matched PCT of the evidence suite (hidden 192, 2 layers, 4 heads); only the arm's PCT "
+        "fields differ. One seed per arm unless the table says more.",
+        "",
+    ]
+    for task in TASKS:
+        lines += render_task(task, steps[task])
+    text = "\n".join(lines)
     STEM.with_suffix(".md").write_text(text)
     return text
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", choices=list(TASKS), default="mqar")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the task's)")
     parser.add_argument("--workers", type=int, default=2, help="parallel processes, 1 thread each")
     parser.add_argument("--report", action="store_true", help="only re-render the markdown from the jsonl")
     args = parser.parse_args(argv)
-    command = " ".join(["python benchmarks/pct_defaults.py", *(argv if argv is not None else sys.argv[1:])])
-    command = command.replace(" --report", "")
+    steps = {t: TASKS[t][1] for t in TASKS}
+    steps[args.task] = args.steps or steps[args.task]
+    commands = {t: f"python benchmarks/pct_defaults.py --task {t}" for t in TASKS}
+    given = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--report"]
+    if given:
+        commands[args.task] = " ".join(["python benchmarks/pct_defaults.py", *given])
     if args.report:
-        print(render(command, args.steps))
+        print(render(commands, steps))
         return
-    budget = sweep_spec(args.steps).budgets[TASK].fingerprint()
+    budget = sweep_spec(args.task, steps[args.task]).budgets[TASKS[args.task][0]].fingerprint()
     done = {
         (r["arm"], r["seed"])
         for r in read_rows(STEM.with_suffix(".jsonl"))
-        if r.get("status") == "ok" and r["budget"] == budget
+        if r.get("task", "passkey") == args.task
+        and r.get("status") == "ok"
+        and r["budget"] == budget
+        and r.get("steps") == steps[args.task]
     }
     todo = [(arm, seed) for seed in range(args.seeds) for arm in args.arms if (arm, seed) not in done]
-    print(f"[plan] {len(done)} done, {len(todo)} to run", flush=True)
+    print(f"[plan] {args.task}: {len(done)} done, {len(todo)} to run", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     with concurrent.futures.ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(run_arm, arm, seed, args.steps) for arm, seed in todo]
+        futures = [pool.submit(run_arm, args.task, arm, seed, steps[args.task]) for arm, seed in todo]
         for future in concurrent.futures.as_completed(futures):
             row = future.result()
             append_row(STEM.with_suffix(".jsonl"), row)
             print({k: row[k] for k in row if k not in ("tau_end", "gate_bias_end")}, flush=True)
-            render(command, args.steps)
-    print(render(command, args.steps))
+            render(commands, steps)
+    print(render(commands, steps))
 
 
 if __name__ == "__main__":
