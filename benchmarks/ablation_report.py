@@ -26,6 +26,7 @@ VARIANT_LABELS = {
     "zpx_full": "ZPX angle+sphere + centre loss, SRPE",
     "pct": "PCT (sigmoid, complex)",
     "pct_tau_sqrt_d": "PCT, fixed tau = sqrt(d)",
+    "pct_tau5": "PCT, log-space tau from 5",
     "versor_gpa": "Versor GPA",
     "versor_rra": "Versor RRA",
     "versor_hybrid": "Versor hybrid",
