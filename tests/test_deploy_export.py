@@ -57,32 +57,42 @@ def assert_close_to_eager(out: torch.Tensor, eager: torch.Tensor) -> None:
     assert (out - eager).abs().max() <= 1e-4, (out - eager).abs().max()
 
 
+@pytest.fixture(scope="module")
+def exported():
+    """case -> (model, its torch.export program), each exported once for this module: the ONNX test converts the
+    same program, since the dynamo exporter's first capture strategy is this very call (non-strict
+    torch.export.export with these dynamic shapes), and a second export of the same model is the slow half."""
+    programs = {}
+
+    def get(case: str):
+        if case not in programs:
+            model = build(case)
+            program = torch.export.export(model, (token_ids(*EXAMPLE),), dynamic_shapes=DYNAMIC, strict=False)
+            programs[case] = model, program
+        return programs[case]
+
+    yield get
+    programs.clear()
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_torch_export_dynamic_batch_and_sequence(case):
-    model = build(case)
-    program = torch.export.export(model, (token_ids(*EXAMPLE),), dynamic_shapes=DYNAMIC, strict=False)
-    exported = program.module()
+def test_torch_export_dynamic_batch_and_sequence(case, exported):
+    model, program = exported(case)
+    module = program.module()
     for shape in OTHER_SHAPES:
         ids = token_ids(*shape)
         with torch.no_grad():
-            assert_close_to_eager(exported(ids), model(ids))
+            assert_close_to_eager(module(ids), model(ids))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
-def test_onnx_dynamo_export_runs_in_onnxruntime(case, tmp_path):
+def test_onnx_dynamo_export_runs_in_onnxruntime(case, tmp_path, exported):
     pytest.importorskip("onnxscript")
     ort = pytest.importorskip("onnxruntime")
-    model = build(case)
-    program = torch.onnx.export(
-        model,
-        (token_ids(*EXAMPLE),),
-        dynamo=True,
-        input_names=["input_ids"],
-        output_names=["logits"],
-        dynamic_shapes=DYNAMIC,
-    )
-    program.save(str(tmp_path / "model.onnx"))
+    model, program = exported(case)
+    onnx_program = torch.onnx.export(program, dynamo=True, input_names=["input_ids"], output_names=["logits"])
+    onnx_program.save(str(tmp_path / "model.onnx"))
     session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     for shape in OTHER_SHAPES:
         ids = token_ids(*shape)
