@@ -9,8 +9,9 @@ against the eager kernels in float64.
 import pytest
 import torch
 from conftest import TINY_VOCAB, make_tiny_config
+from helpers_llama import tiny_llama_config
 from torch.export import Dim
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import zpx_hf  # noqa: F401
 
@@ -33,15 +34,7 @@ class Logits(torch.nn.Module):
 def build(case: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if case == "llama":
-        config = LlamaConfig(
-            vocab_size=TINY_VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            max_position_embeddings=64,
-        )
-        return Logits(LlamaForCausalLM(config).eval())
+        return Logits(LlamaForCausalLM(tiny_llama_config()).eval())
     return Logits(AutoModelForCausalLM.from_config(make_tiny_config(case)).eval())
 
 
