@@ -1,7 +1,6 @@
-"""Shared by the training-job tests: one intra-op thread, small-run flags, a callback that stops a run early."""
+"""Shared by the training-job tests: small-run flags and a callback that stops a run early (their one intra-op
+thread is conftest.py's `single_thread` fixture)."""
 
-import pytest
-import torch
 from transformers import TrainerCallback
 
 # A few steps of any tiny config: enough to train, save, evaluate and write a card.
@@ -10,16 +9,6 @@ SMALL = [
     *("--max_train_blocks", "32", "--max_eval_blocks", "4", "--train_examples_per_task", "16"),
     *("--eval_examples_per_task", "4", "--per_device_train_batch_size", "4"),
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Micro models: a second intra-op thread costs more than it saves (and collapses on a busy machine).
-    Import it into a test module (`from helpers_training import single_thread`) to apply it there."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class StopAt(TrainerCallback):

@@ -20,14 +20,21 @@ SM90_SHARED_MEMORY = 227 * 1024
 _PREAMBLE = textwrap.dedent(
     """
     import json
+    import multiprocessing
+    import os
+
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     target = GPUTarget("cuda", 90, 32)
-    results = []
+    jobs = []
 
     def compile_kernel(fn, types, constexprs, num_warps=4, num_stages=None, tag=""):
+        jobs.append((fn, types, constexprs, num_warps, num_stages, tag))
+
+    def compile_job(index):
+        fn, types, constexprs, num_warps, num_stages, tag = jobs[index]
         while not isinstance(fn, triton.runtime.JITFunction):  # autotune/heuristics wrap the JIT function
             fn = fn.fn
         names = fn.arg_names
@@ -35,14 +42,23 @@ _PREAMBLE = textwrap.dedent(
         source = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()})
         options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
         kernel = triton.compile(source, target=target, options=options)
-        results.append([fn.__name__, tag or str(constexprs), kernel.metadata.shared])
+        return [fn.__name__, tag or str(constexprs), kernel.metadata.shared]
+    """
+)
+# Each compilation is single-threaded (LLVM, then ptxas) and independent of the others: one forked process per core
+# (each inherits the kernels `body` defined) instead of one after another; results in the order `body` asked.
+_RUN_JOBS = textwrap.dedent(
+    """
+    with multiprocessing.get_context("fork").Pool(max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+        results = pool.map(compile_job, range(len(jobs)), chunksize=1)
+    print(json.dumps(results))
     """
 )
 
 
 def compile_for_sm90(body: str, tmp_path: Path) -> list[list]:
     """Run `body` (which calls `compile_kernel(...)`) and return [[kernel, tag, shared bytes], ...]."""
-    script = _PREAMBLE + textwrap.dedent(body) + "\nprint(json.dumps(results))\n"
+    script = _PREAMBLE + textwrap.dedent(body) + _RUN_JOBS
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton_cache")
     completed = subprocess.run(

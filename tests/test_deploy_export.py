@@ -9,8 +9,9 @@ against the eager kernels in float64.
 import pytest
 import torch
 from conftest import TINY_VOCAB, make_tiny_config
+from helpers_llama import tiny_llama_config
 from torch.export import Dim
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import zpx_hf  # noqa: F401
 
@@ -33,15 +34,7 @@ class Logits(torch.nn.Module):
 def build(case: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if case == "llama":
-        config = LlamaConfig(
-            vocab_size=TINY_VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            max_position_embeddings=64,
-        )
-        return Logits(LlamaForCausalLM(config).eval())
+        return Logits(LlamaForCausalLM(tiny_llama_config()).eval())
     return Logits(AutoModelForCausalLM.from_config(make_tiny_config(case)).eval())
 
 
@@ -57,32 +50,42 @@ def assert_close_to_eager(out: torch.Tensor, eager: torch.Tensor) -> None:
     assert (out - eager).abs().max() <= 1e-4, (out - eager).abs().max()
 
 
+@pytest.fixture(scope="module")
+def exported():
+    """case -> (model, its torch.export program), each exported once for this module: the ONNX test converts the
+    same program, since the dynamo exporter's first capture strategy is this very call (non-strict
+    torch.export.export with these dynamic shapes), and a second export of the same model is the slow half."""
+    programs = {}
+
+    def get(case: str):
+        if case not in programs:
+            model = build(case)
+            program = torch.export.export(model, (token_ids(*EXAMPLE),), dynamic_shapes=DYNAMIC, strict=False)
+            programs[case] = model, program
+        return programs[case]
+
+    yield get
+    programs.clear()
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_torch_export_dynamic_batch_and_sequence(case):
-    model = build(case)
-    program = torch.export.export(model, (token_ids(*EXAMPLE),), dynamic_shapes=DYNAMIC, strict=False)
-    exported = program.module()
+def test_torch_export_dynamic_batch_and_sequence(case, exported):
+    model, program = exported(case)
+    module = program.module()
     for shape in OTHER_SHAPES:
         ids = token_ids(*shape)
         with torch.no_grad():
-            assert_close_to_eager(exported(ids), model(ids))
+            assert_close_to_eager(module(ids), model(ids))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
-def test_onnx_dynamo_export_runs_in_onnxruntime(case, tmp_path):
+def test_onnx_dynamo_export_runs_in_onnxruntime(case, tmp_path, exported):
     pytest.importorskip("onnxscript")
     ort = pytest.importorskip("onnxruntime")
-    model = build(case)
-    program = torch.onnx.export(
-        model,
-        (token_ids(*EXAMPLE),),
-        dynamo=True,
-        input_names=["input_ids"],
-        output_names=["logits"],
-        dynamic_shapes=DYNAMIC,
-    )
-    program.save(str(tmp_path / "model.onnx"))
+    model, program = exported(case)
+    onnx_program = torch.onnx.export(program, dynamo=True, input_names=["input_ids"], output_names=["logits"])
+    onnx_program.save(str(tmp_path / "model.onnx"))
     session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     for shape in OTHER_SHAPES:
         ids = token_ids(*shape)

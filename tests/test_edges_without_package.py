@@ -124,74 +124,90 @@ def test_tokenizer_loads_without_the_package_with_the_readme_argument_and_no_pro
         assert plain["prompted"] and plain["ids"] == text_to_ids(TEXT)
 
 
+# One checkpoint per job, all in one fresh Python (torch, transformers and peft imported once): argv[1] is a JSON
+# list of {"path", "configs", "refused", "trl"}; the report maps each path to what happened to it.
 _SCRIPT = textwrap.dedent(
     """
     import json, sys
     sys.modules["zpx_hf"] = None
     import peft, torch
     from transformers import AutoModelForCausalLM
-    path, configs, refused = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
-    report = {}
-    ids = torch.randint(4, 260, (1, 12), generator=torch.Generator().manual_seed(0))
 
-    def load():
-        return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
+    def check(path, configs, refused, trl):
+        report = {}
+        ids = torch.randint(4, 260, (1, 12), generator=torch.Generator().manual_seed(0))
 
-    def error_of(config):
-        try:
-            peft.get_peft_model(load(), config)
-            return "worked"
-        except ValueError as error:
-            return str(error)
+        def load():
+            return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
 
-    base = load()
-    with torch.no_grad():
-        base_logits = base(input_ids=ids).logits
-    report["lora_default"] = error_of(peft.LoraConfig(task_type="CAUSAL_LM"))
-    report["lora_refused"] = {name: error_of(peft.LoraConfig(target_modules=[name])) for name in refused}
-    for name, (cls, kwargs) in configs.items():
-        model = peft.get_peft_model(load(), getattr(peft, cls)(task_type="CAUSAL_LM", **kwargs))
-        wrapped = sorted(n for n, m in model.named_modules() if isinstance(m, peft.tuners.tuners_utils.BaseTunerLayer))
+        def error_of(config):
+            try:
+                peft.get_peft_model(load(), config)
+                return "worked"
+            except ValueError as error:
+                return str(error)
+
+        base = load()
         with torch.no_grad():
-            difference = (model(input_ids=ids).logits - base_logits).abs().max().item()
-        report[name] = {"wrapped": len(wrapped), "difference": difference}
-    if len(sys.argv) > 4:  # TRL, with the README's argument: SFT loads model and tokenizer from the path,
-        from datasets import Dataset  # DPO rebuilds its reference model from the policy's path
-        from transformers import AutoTokenizer
-        from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
-        common = dict(trust_remote_code=True, report_to=[], max_steps=1, per_device_train_batch_size=2, use_cpu=True)
-        text = Dataset.from_dict({"text": ["abcdef"] * 2})
-        sft = SFTTrainer(model=path, args=SFTConfig(output_dir=sys.argv[4] + "/sft", **common), train_dataset=text)
-        report["sft_model"] = type(sft.model).__module__
-        report["sft_loss"] = sft.train().training_loss
-        data = Dataset.from_dict({"prompt": ["ab"] * 2, "chosen": ["cd"] * 2, "rejected": ["ef"] * 2})
-        args = DPOConfig(output_dir=sys.argv[4] + "/dpo", **common)
-        trainer = DPOTrainer(model=load(), args=args, train_dataset=data,
-                             processing_class=AutoTokenizer.from_pretrained(path, trust_remote_code=False))
-        report["dpo_reference"] = type(trainer.ref_model).__module__
-    print("REPORT=" + json.dumps(report))
+            base_logits = base(input_ids=ids).logits
+        report["lora_default"] = error_of(peft.LoraConfig(task_type="CAUSAL_LM"))
+        report["lora_refused"] = {name: error_of(peft.LoraConfig(target_modules=[name])) for name in refused}
+        for name, (cls, kwargs) in configs.items():
+            model = peft.get_peft_model(load(), getattr(peft, cls)(task_type="CAUSAL_LM", **kwargs))
+            tuner = peft.tuners.tuners_utils.BaseTunerLayer
+            wrapped = sorted(n for n, m in model.named_modules() if isinstance(m, tuner))
+            with torch.no_grad():
+                difference = (model(input_ids=ids).logits - base_logits).abs().max().item()
+            report[name] = {"wrapped": len(wrapped), "difference": difference}
+        if trl:  # TRL, with the README's argument: SFT loads model and tokenizer from the path,
+            from datasets import Dataset  # DPO rebuilds its reference model from the policy's path
+            from transformers import AutoTokenizer
+            from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
+            common = dict(trust_remote_code=True, report_to=[], max_steps=1, per_device_train_batch_size=2,
+                          use_cpu=True)
+            text = Dataset.from_dict({"text": ["abcdef"] * 2})
+            sft = SFTTrainer(model=path, args=SFTConfig(output_dir=trl + "/sft", **common), train_dataset=text)
+            report["sft_model"] = type(sft.model).__module__
+            report["sft_loss"] = sft.train().training_loss
+            data = Dataset.from_dict({"prompt": ["ab"] * 2, "chosen": ["cd"] * 2, "rejected": ["ef"] * 2})
+            args = DPOConfig(output_dir=trl + "/dpo", **common)
+            trainer = DPOTrainer(model=load(), args=args, train_dataset=data,
+                                 processing_class=AutoTokenizer.from_pretrained(path, trust_remote_code=False))
+            report["dpo_reference"] = type(trainer.ref_model).__module__
+        return report
+
+    print("REPORT=" + json.dumps({job["path"]: check(**job) for job in json.loads(sys.argv[1])}))
     """
 )
+CASES = ("zpx", "pct", "versor-hybrid")
+TRL_CASE = "zpx"
+VERSOR_REFUSED = ["q_proj"]  # a VersorLinear: PEFT's own LoRA layers cannot adapt it
 
 
-def run_without_package(tmp_path, case: str, refused: list[str], trl: bool) -> dict:
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> dict[str, dict]:
+    """case -> the fresh Python's report on that family's tiny checkpoint (one process for every case)."""
     pytest.importorskip("peft")
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(make_tiny_config(case, vocab_size=VOCAB_SIZE))
-    model.save_pretrained(tmp_path / "ckpt")
-    build_byte_tokenizer().save_pretrained(tmp_path / "ckpt")
-    arguments = [str(tmp_path / "ckpt"), json.dumps(readme_peft_configs(case)), json.dumps(refused)]
-    if trl:
-        arguments.append(str(tmp_path / "trl"))
-    return fresh_python(tmp_path, _SCRIPT, *arguments)
+    pytest.importorskip("trl")
+    tmp_path = tmp_path_factory.mktemp("without_package")
+    jobs = []
+    for case in CASES:
+        torch.manual_seed(0)
+        path = tmp_path / case  # one folder name per family: their remote code must not share a module name
+        AutoModelForCausalLM.from_config(make_tiny_config(case, vocab_size=VOCAB_SIZE)).save_pretrained(path)
+        build_byte_tokenizer().save_pretrained(path)
+        refused = VERSOR_REFUSED if case.startswith("versor") else []
+        trl = str(tmp_path / "trl") if case == TRL_CASE else None
+        jobs.append({"path": str(path), "configs": readme_peft_configs(case), "refused": refused, "trl": trl})
+    report = fresh_python(tmp_path, _SCRIPT, json.dumps(jobs))
+    return {case: report[job["path"]] for case, job in zip(CASES, jobs)}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["zpx", "pct", "versor-hybrid"])
-def test_peft_and_trl_need_the_readme_arguments_without_the_package(case, tmp_path):
-    pytest.importorskip("trl")
+@pytest.mark.parametrize("case", CASES)
+def test_peft_and_trl_need_the_readme_arguments_without_the_package(case, reports):
     versor = case.startswith("versor")
-    report = run_without_package(tmp_path, case, refused=["q_proj"] if versor else [], trl=case == "zpx")
+    report = reports[case]
     assert "target_modules" in report["lora_default"]  # why the README writes the targets out
     layers = make_tiny_config(case).num_hidden_layers
     per_layer = {"lora": README_LORA_TARGETS[case]}
@@ -207,6 +223,6 @@ def test_peft_and_trl_need_the_readme_arguments_without_the_package(case, tmp_pa
         assert (
             "VersorLinear" in report["lora_refused"]["q_proj"] and "not supported" in report["lora_refused"]["q_proj"]
         )
-    if case == "zpx":
+    if case == TRL_CASE:
         assert report["sft_model"].startswith("transformers_modules") and report["sft_loss"] > 0
         assert report["dpo_reference"].startswith("transformers_modules")

@@ -5,7 +5,8 @@ be at least as clear)."""
 import pytest
 import torch
 from conftest import TINY_VOCAB, make_tiny_config
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig, LlamaForCausalLM
+from helpers_llama import tiny_llama_config
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaForCausalLM
 
 FAMILY_CASES = ["zpx", "pct", "versor-hybrid"]
 IDS = torch.randint(3, TINY_VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
@@ -18,15 +19,7 @@ def causal_lm(case, dtype=torch.float32):
 
 def llama():
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=TINY_VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(tiny_llama_config()).eval()
 
 
 def width(model):

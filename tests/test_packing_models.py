@@ -11,7 +11,8 @@ the collator test checks it alongside ours.
 import pytest
 import torch
 from conftest import TINY_VOCAB, make_tiny_config
-from transformers import AutoModelForCausalLM, DataCollatorWithFlattening, LlamaConfig
+from helpers_llama import tiny_llama_config
+from transformers import AutoModelForCausalLM, DataCollatorWithFlattening
 
 from zpx_hf import ops_pct_cpu, ops_zpx_cpu
 
@@ -22,10 +23,7 @@ DOCUMENTS = [7, 12, 1, 5]
 def causal_lm(family, implementation, dtype=torch.float64, seed=0, **overrides):
     torch.manual_seed(seed)
     if family == "llama":
-        config = LlamaConfig(
-            vocab_size=TINY_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-            max_position_embeddings=64, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        )  # fmt: skip
+        config = tiny_llama_config(rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     else:
         config = make_tiny_config(family, **overrides)
     return AutoModelForCausalLM.from_config(config, attn_implementation=implementation).to(dtype).eval()

@@ -5,9 +5,10 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import make_tiny_config
-from helpers_training import SMALL, single_thread  # noqa: F401 - single_thread: autouse fixture
+from helpers_training import SMALL
 from transformers import AutoModelForCausalLM
 
 from zpx_hf.tokenization_bytes import BOS_ID, PAD_ID
@@ -16,6 +17,8 @@ from zpx_hf_train.data_tasks import IGNORE_INDEX
 from zpx_hf_train.train import main
 
 MICRO = str(Path(__file__).resolve().parents[1] / "configs" / "test-micro.yaml")
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py
 
 
 def small_data(tmp_path, packing):

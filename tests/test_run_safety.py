@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_training import SMALL, StopAt, single_thread  # noqa: F401 - single_thread: autouse fixture
+from helpers_training import SMALL, StopAt
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MICRO = str(ROOT / "configs" / "test-micro.yaml")
 LORA = str(ROOT / "configs" / "zpx-tiny-lora.yaml")
 QUICK = ["--tasks", "mqar", "--eval_strategy", "no", "--logging_steps", "1"]
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py
 
 
 def _train(output_dir, *flags, callbacks=()):

@@ -167,6 +167,18 @@ def test_bad_data_files_fail_in_one_line_with_exit_code_2(tmp_path, capsys, case
     assert not (tmp_path / "out").exists()
 
 
+def test_a_file_datasets_cannot_parse_fails_with_exit_code_2_and_its_cause(tmp_path, capsys):
+    source = tmp_path / "broken.json"
+    source.write_text('{"text": "a"}\n{not json\n')
+    out = tmp_path / "out"
+    assert train_main([_write(tmp_path, _micro(**{"data.text_source": str(source)})), "--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    # the last line is the job's; datasets' own progress bar and ERROR log line come before it (not one line yet)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("zpx-train: config error: key `data.text_source`") and str(source) in last, err
+    assert "`datasets` cannot read it (JSON parse error" in last and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [

@@ -6,28 +6,40 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers_training import SMALL
 from transformers import AutoModelForCausalLM
 
 import zpx_hf
 from zpx_hf_train.train import load_run_config, run_training
 
 ROOT = Path(__file__).resolve().parents[1]
-
-SMALL = [
-    *("--max_steps", "2", "--save_strategy", "no", "--logging_steps", "1", "--disable_tqdm", "true"),
-    *("--max_train_blocks", "32", "--max_eval_blocks", "4", "--train_examples_per_task", "16"),
-    *("--eval_examples_per_task", "4", "--per_device_train_batch_size", "4"),
-]
-
+FAMILIES = sorted(f for f in zpx_hf.FAMILIES if (ROOT / "configs" / f"{f}-tiny.yaml").exists())
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest.py
 
 
-@pytest.mark.parametrize("family", sorted(f for f in zpx_hf.FAMILIES if (ROOT / "configs" / f"{f}-tiny.yaml").exists()))
-def test_family_tiny_config_trains_saves_and_reloads(family, tmp_path):
-    output_dir = tmp_path / family
-    run = load_run_config(str(ROOT / "configs" / f"{family}-tiny.yaml"), [*SMALL, "--output_dir", str(output_dir)])
-    result = run_training(run)
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """family -> (output folder, run_training's result) of its tiny config's short run, trained once for this
+    module: both tests below start from that same run (the LoRA test fine-tunes its saved checkpoint)."""
+    runs = {}
+
+    def get(family: str):
+        if family not in runs:
+            output_dir = tmp_path_factory.mktemp(family)
+            run = load_run_config(
+                str(ROOT / "configs" / f"{family}-tiny.yaml"), [*SMALL, "--output_dir", str(output_dir)]
+            )
+            runs[family] = output_dir, run_training(run)
+        return runs[family]
+
+    yield get
+    runs.clear()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_tiny_config_trains_saves_and_reloads(family, trained):
+    output_dir, result = trained(family)
     assert result["trainer"].state.global_step == 2
     card = (output_dir / "README.md").read_text()
     assert f"- {family}" in card.split("---")[1] and "${" not in card
@@ -40,13 +52,12 @@ def test_family_tiny_config_trains_saves_and_reloads(family, tmp_path):
         torch.testing.assert_close(model(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("family", sorted(f for f in zpx_hf.FAMILIES if (ROOT / "configs" / f"{f}-tiny.yaml").exists()))
-def test_family_lora_default_targets_merge_exactly(family, tmp_path):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_lora_default_targets_merge_exactly(family, tmp_path, trained):
     from zpx_hf.integration_peft import LORA_TARGET_MODULES
     from zpx_hf_train.finetune_lora import FinetuneArguments, LoraArguments, load_finetune_config, run_finetune
 
-    base = tmp_path / "base"
-    run_training(load_run_config(str(ROOT / "configs" / f"{family}-tiny.yaml"), [*SMALL, "--output_dir", str(base)]))
+    base, _ = trained(family)
     lora = load_finetune_config(
         str(ROOT / "configs" / "zpx-tiny-lora.yaml"),
         [*SMALL, "--base_model", str(base), "--output_dir", str(tmp_path / "adapter"), "--target_modules", "default"],

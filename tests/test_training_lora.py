@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers_training import single_thread  # noqa: F401 - autouse fixture
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers_training import StopAt, single_thread  # noqa: F401 - single_thread: autouse fixture
+from helpers_training import StopAt
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from zpx_hf_train.config import ConfigError

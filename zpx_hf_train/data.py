@@ -252,6 +252,8 @@ def _check_file(where: str, file: Path, text_column: str) -> None:
 
 def load_text_documents(data: DataArguments) -> list[str]:
     """The corpus documents; a source that `datasets` cannot read becomes one `ConfigError` line."""
+    from datasets.exceptions import DatasetsError
+
     from zpx_hf_train.data_tasks import load_documents
 
     try:
@@ -261,7 +263,7 @@ def load_text_documents(data: DataArguments) -> list[str]:
     except (ValueError, FileNotFoundError, RuntimeError, OSError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ConfigError(f"key `data.text_source` = {data.text_source!r}: {first}") from error
-    except Exception as error:  # datasets' DatasetGenerationError and builder errors
+    except DatasetsError as error:  # a builder that cannot parse the file (DatasetGenerationError), cause inside
         cause = error.__cause__ or error
         first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
         raise ConfigError(
