@@ -29,11 +29,12 @@ at answer positions, -100 elsewhere; HF causal convention, the model shifts) and
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from zpx_hf.tokenization_bytes import BOS_ID, EOS_ID, PAD_ID, text_to_ids
@@ -361,7 +362,30 @@ def load_documents(
     return documents[:max_documents] if max_documents else documents
 
 
+@contextlib.contextmanager
+def _datasets_quiet() -> Iterator[None]:
+    """datasets' progress bars and its ERROR log line off while a local file is read: on a file it cannot parse
+    they would come before the job's one-line error, which carries the parser's reason."""
+    import datasets
+    from datasets.utils import logging as datasets_logging
+
+    verbosity, bars = datasets_logging.get_verbosity(), datasets.is_progress_bar_enabled()
+    datasets_logging.set_verbosity(datasets_logging.CRITICAL)
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        datasets_logging.set_verbosity(verbosity)
+        if bars:
+            datasets.enable_progress_bars()
+
+
 def _load_local(path: str, split: str) -> Any:
+    with _datasets_quiet():
+        return _read_local(path, split)
+
+
+def _read_local(path: str, split: str) -> Any:
     from datasets import DatasetDict, load_dataset, load_from_disk
 
     if not os.path.exists(path):

@@ -468,6 +468,10 @@ class RunFolder:
             elif error is not None and not isinstance(error, (ConfigError, KeyboardInterrupt)) and self.main_process:
                 saved = checkpoints(self.folder)
                 note = f"the checkpoints saved before it in {self.folder} are intact" if saved else None
+            if error is not None and self.main_process and [p.name for p in self._entries()] == [RUN_MARKER]:
+                # the job failed before writing anything (e.g. a data file datasets cannot parse): no run is left
+                # behind, and the lock's release removes a folder this job created
+                (self.folder / RUN_MARKER).unlink(missing_ok=True)
             if note and error.args and isinstance(error.args[0], str):
                 error.args = (f"{error.args[0].rstrip('.')}; {note}.", *error.args[1:])
             elif note:
