@@ -296,8 +296,9 @@ class ZPXDecoderLayer(GeometricDecoderLayer):
 class ZPXPreTrainedModel(GeometricPreTrainedModel):
     config_class = ZPXConfig
     _no_split_modules = ["ZPXDecoderLayer"]
-    # ZPX is softmax attention on q^ . k^ (width d + 5C, scale 1): any softmax engine computes it exactly, reached
-    # through transformers' global AttentionInterface with the standard signature (`ZPXAttention.engine_attention`).
+    # ZPX is softmax attention on q^ . k^ (width `engine_head_dim`, the standard scaling with q^'s phase terms
+    # divided by it): any softmax engine computes it exactly, reached through transformers' global
+    # AttentionInterface with the standard signature (`ZPXAttention.forward`, `engine_inputs`).
     _supports_attention_backend = True
     _supports_flash_attn = True
     _supports_flex_attn = True
