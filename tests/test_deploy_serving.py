@@ -24,6 +24,7 @@ def recording_sdpa(module, query, key, value, attention_mask, scaling=None, drop
 
 AttentionInterface.register(RECORDING, recording_sdpa)
 AttentionMaskInterface.register(RECORDING, sdpa_mask)
+DOCUMENTS = [(0, 0, 4), (0, 4, 10), (1, 0, 7), (1, 7, 10)]  # (row, start, stop) of the packed rows below
 
 
 def zpx_model(**overrides):
@@ -59,6 +60,31 @@ def test_global_attention_function_gives_zpx_logits():
         assert call["scaling"] == config.head_dim**-0.5  # S = scaling q^ . k^: q^ carries lambda / (C scaling)
         assert all(shape[-1] == padded for shape in call["shapes"])
         assert "engine_metadata" in call["kwargs"]  # the model's kwargs reach the attention function
+
+
+def test_packed_rows_through_an_engine_stay_inside_their_documents():
+    """Position ids restarting at 0 (DataCollatorWithFlattening): the engine's mask keeps each document to itself,
+    as ZPX's own kernels do; an engine that takes no mask function (flash's kind) refuses packed rows in one line."""
+    model = zpx_model()
+    ids = torch.randint(3, TINY_VOCAB, (2, 10), generator=torch.Generator().manual_seed(5))
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2]])
+    with torch.no_grad():
+        alone = [model(ids[row : row + 1, start:stop]).logits for row, start, stop in DOCUMENTS]
+        model.set_attn_implementation(RECORDING)
+        CALLS.clear()
+        packed = model(ids, position_ids=positions).logits
+        assert len(CALLS) == model.config.num_hidden_layers
+        for (row, start, stop), want in zip(DOCUMENTS, alone):
+            torch.testing.assert_close(packed[row : row + 1, start:stop], want, atol=1e-10, rtol=1e-10)
+    # flash (CUDA only, so its mask step is called directly) and hub kernels build no mask from a mask function
+    from zpx_hf.modeling_zpx import engine_attention_mask
+
+    hidden = torch.zeros(2, 10, model.config.hidden_size)
+    documents = torch.tensor([[0] * 4 + [1] * 6, [0] * 7 + [1] * 3])
+    for implementation in ("flash_attention_2", "kernels-community/flash-attn2"):
+        with pytest.raises(ValueError, match="packed rows .*'sdpa'") as error:
+            engine_attention_mask(model.config, implementation, hidden, None, None, 0, documents)
+        assert "\n" not in str(error.value)
 
 
 def test_global_attention_function_generates_zpx_tokens():

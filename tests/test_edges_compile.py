@@ -1,6 +1,6 @@
 """Static-cache generation through a `torch.compile(fullgraph=True)` forward: ZPX, PCT, every Versor mixer and a
 same-size Llama compile their decoding step once and give the eager tokens. Versor has no static cache: the request
-is ignored with transformers' warning and its own cache grows, which compiles once with a dynamic length."""
+is ignored with Versor's own warning (each call) and its own cache grows, which compiles once with a dynamic length."""
 
 import pytest
 import torch

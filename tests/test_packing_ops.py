@@ -226,6 +226,18 @@ def test_zpx_kernel_names_one_vocabulary_and_earlier_names_map():
         resolve_kernel("flash", query)
 
 
+def test_every_op_names_its_kernels_from_the_shared_vocabulary():
+    from zpx_hf.ops_common import KERNEL_NAMES
+    from zpx_hf.ops_gpa import GPA_KERNELS
+    from zpx_hf.ops_pct import PCT_KERNELS
+    from zpx_hf.ops_rra import RRA_KERNELS
+    from zpx_hf.ops_zpx import ZPX_KERNELS
+
+    for kernels in (ZPX_KERNELS, PCT_KERNELS, GPA_KERNELS, RRA_KERNELS):
+        assert set(kernels) <= set(KERNEL_NAMES), kernels
+    assert set(ZPX_KERNELS + PCT_KERNELS + GPA_KERNELS + RRA_KERNELS) == set(KERNEL_NAMES)  # no stale name
+
+
 # What a kernel file of each op may import (README, "How a config field reaches a kernel"): the shared ops
 # module, the algebra, its entry's constant tables; RRA's Triton wrapper reuses the CPU kernel's helpers.
 KERNEL_IMPORTS = {

@@ -278,6 +278,21 @@ def test_bad_kernel_and_shapes_raise_value_errors():
                 geometric_product_attention(**args, kernel=kernel)
 
 
+def test_triton_where_it_cannot_run_is_refused_by_name(monkeypatch):
+    # a CPU tensor without the interpreter, or float64, gets the op's message naming kernel='cpu' (not Triton's
+    # own "0 active drivers" from inside the launch); "auto" never picks it there
+    q, k, v, gamma = (t.detach() for t in make_inputs(1, 2, 4, 4, 1, dtype=torch.float32))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="GPA.*kernel='cpu'"):
+        geometric_product_attention(q, k, v, gamma, causal=True, kernel="triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if HAS_TRITON:
+        with pytest.raises(ValueError, match="GPA Triton kernel takes.*float64"):
+            geometric_product_attention(
+                q.double(), k.double(), v.double(), gamma.double(), causal=True, kernel="triton"
+            )
+
+
 # ---------------------------------------------------------------- Triton (interpreter on CPU: fp32 / fp16)
 
 

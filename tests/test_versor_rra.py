@@ -13,7 +13,13 @@ from zpx_hf.clifford_algebra import (
     rotor_norm_error,
     to_matrix,
 )
-from zpx_hf.ops_rra import HAS_TRITON, RRA_ACCUMULATE, recursive_rotor_accumulator, rotor_trajectory
+from zpx_hf.ops_rra import (
+    HAS_TRITON,
+    RRA_ACCUMULATE,
+    recursive_rotor_accumulator,
+    resolve_rra_kernel,
+    rotor_trajectory,
+)
 from zpx_hf.ops_rra_decode import rra_step
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -225,6 +231,20 @@ def test_bad_arguments_are_named():
         recursive_rotor_accumulator(bivectors, value[:, :2])
     with pytest.raises(ValueError, match="initial must be"):
         recursive_rotor_accumulator(bivectors, value, initial=torch.zeros(1, 2, 2, 4, 4))
+
+
+def test_triton_where_it_cannot_run_is_refused_and_auto_keeps_float64_exact(monkeypatch):
+    bivectors, value = torch.zeros(1, 3, 2, 10), torch.zeros(1, 3, 2, 1, 32)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # a CPU tensor: the op's message, not Triton's "0 active drivers"
+    with pytest.raises(RuntimeError, match="RRA.*kernel='cpu'"):
+        recursive_rotor_accumulator(bivectors, value, kernel="triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if HAS_TRITON:
+        with pytest.raises(ValueError, match="computes in float32"):
+            recursive_rotor_accumulator(bivectors, value.double(), kernel="triton")
+    cuda = torch.device("cuda")  # resolution only: no CUDA tensor is made
+    assert resolve_rra_kernel("auto", cuda, 12, torch.float64) == "cpu"  # the Triton scan would refuse it
+    assert resolve_rra_kernel("auto", cuda, 12, torch.float32) == ("triton" if HAS_TRITON else "cpu")
 
 
 @pytest.mark.gpu

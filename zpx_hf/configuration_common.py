@@ -17,6 +17,8 @@ from transformers import PretrainedConfig
 ROTARY_TYPES = ("srpe", "rope", "none")
 # Rotary tables and masks are sized by the context length; beyond this a config is a typo, not a model.
 MAX_POSITION_LIMIT = 1 << 24
+# GeometricConfig's default max_position_embeddings (also PCT's version-1 gate-bias length, configuration_pct)
+DEFAULT_MAX_POSITION_EMBEDDINGS = 512
 # Logit-scale weights (ZPX's lambdas, GPA's gamma, PCT's tau) multiply terms in [-1, 1] (or O(1) at
 # initialisation) and are held in the model dtype once a model is cast: in float16, the narrowest dtype a
 # model runs in, a weight past its max (65504) is inf, and inf * 0 = NaN in the score (measured: 6e4 finite,
@@ -116,8 +118,9 @@ class GeometricConfig(PretrainedConfig):
         num_attention_heads: attention heads per block.
         head_dim: per-head width; defaults to `hidden_size // num_attention_heads`. Must be even when
             a rotary encoding is used (rotation acts on pairs).
-        max_position_embeddings: context length the model is trained for. Longer inputs raise unless
-            `allow_longer_positions=True` (SRPE/RoPE tables are extended on demand then).
+        max_position_embeddings: the longest context the model is meant to run at (it may exceed the training
+            length: PCT's gate bias reads `train_context_length` instead). Longer inputs raise when
+            `allow_longer_positions=False`; otherwise (the default) SRPE/RoPE tables are extended on demand.
         rotary: `"srpe"` (spiral rotary, docs/design.md §2), `"rope"` (plain RoPE) or `"none"`.
         rope_theta: base `theta0` of the rotary frequencies `omega_j = theta0 ** (-2j / d_h)`.
         srpe_k: spiral divisor `k_s`; the winding angle is `p * omega_j * (1 + 1/k_s)`. `None` means
@@ -139,7 +142,7 @@ class GeometricConfig(PretrainedConfig):
         num_hidden_layers: int = 2,
         num_attention_heads: int = 4,
         head_dim: int | None = None,
-        max_position_embeddings: int = 512,
+        max_position_embeddings: int = DEFAULT_MAX_POSITION_EMBEDDINGS,
         allow_longer_positions: bool = True,
         rotary: str = "srpe",
         rope_theta: float = 10000.0,

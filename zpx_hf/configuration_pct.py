@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any
 
-from .configuration_common import LOGIT_SCALE_LIMIT, GeometricConfig, Rule, _fail, pop_removed_fields
+from .configuration_common import (
+    DEFAULT_MAX_POSITION_EMBEDDINGS,
+    LOGIT_SCALE_LIMIT,
+    GeometricConfig,
+    Rule,
+    _fail,
+    pop_removed_fields,
+)
 
 TAU_MODES = ("log_learnable", "sqrt_d", "inv_sqrt_d", "learnable")
 LEARNABLE_TAU_MODES = ("log_learnable", "learnable")
@@ -16,7 +22,6 @@ DEFAULT_TAU_INIT = 20.0
 DEFAULT_TRAIN_CONTEXT_LENGTH = 512
 # 1: before issue 21 (tau "sqrt_d", b_h = -log(max_position_embeddings)); 2: the defaults above.
 DEFAULTS_VERSION = 2
-GEOMETRIC_DEFAULTS = inspect.signature(GeometricConfig.__init__).parameters
 
 
 class PCTConfig(GeometricConfig):
@@ -77,9 +82,7 @@ class PCTConfig(GeometricConfig):
         if tau is None:
             tau = "sqrt_d" if defaults_version == 1 else DEFAULT_TAU
         if train_context_length is None and defaults_version == 1:  # the old b_h = -log(max_position_embeddings)
-            train_context_length = kwargs.get(
-                "max_position_embeddings", GEOMETRIC_DEFAULTS["max_position_embeddings"].default
-            )
+            train_context_length = kwargs.get("max_position_embeddings", DEFAULT_MAX_POSITION_EMBEDDINGS)
         self.tau = tau
         self.tau_init = tau_init
         self.train_context_length = (

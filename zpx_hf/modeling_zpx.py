@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache
-from transformers.masking_utils import create_causal_mask
+from transformers.masking_utils import create_causal_mask, packed_sequence_mask_function
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as GLOBAL_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import AttentionInterface
@@ -102,6 +102,41 @@ def zpx_implementation(config: ZPXConfig, output_attentions: bool = False) -> st
     if output_attentions or name is None or name in ATTENTION_IMPLEMENTATIONS or name not in GLOBAL_ATTENTION_FUNCTIONS:
         return attention_implementation(config, output_attentions)
     return name
+
+
+# Engines that read no mask function, only a padding mask (packed rows need their varlen metadata instead).
+MASK_FREE_ENGINES = ("flash_attention",)
+
+
+def engine_attention_mask(
+    config: ZPXConfig,
+    implementation: str,
+    hidden_states: torch.Tensor,
+    padding_mask: torch.Tensor | None,
+    past_key_values: Cache | None,
+    layer_idx: int,
+    document_ids: torch.Tensor | None,
+) -> Any:
+    """A softmax engine's own mask (`create_causal_mask`) for this step, packed documents included: a pair
+    counts only inside one document, as on the family's path. Engines that build no mask from a mask function
+    (flash, hub kernels) would attend across documents, so packed rows are refused there."""
+    if document_ids is None:
+        return create_causal_mask(config, hidden_states, padding_mask, past_key_values, layer_idx=layer_idx)
+    engine = implementation.split("|")[-1]
+    if engine.startswith(MASK_FREE_ENGINES) or "/" in engine:
+        raise ValueError(
+            f"packed rows (several documents per row: position_ids restarting at 0, or cu_seq_lens) cannot run "
+            f"ZPX through attn_implementation={implementation!r}, which takes no document mask and would attend "
+            "across documents; use 'sdpa' (ZPX's own kernels handle documents) or 'flex_attention'."
+        )
+    return create_causal_mask(
+        config,
+        hidden_states,
+        padding_mask,
+        past_key_values,
+        layer_idx=layer_idx,
+        and_mask_function=packed_sequence_mask_function(document_ids),
+    )
 
 
 @dataclass
@@ -202,9 +237,9 @@ class ZPXAttention(nn.Module):
         batch, length = hidden_states.shape[:2]
         implementation = zpx_implementation(self.config, output_attentions)
         engine = implementation not in ATTENTION_IMPLEMENTATIONS
-        if engine:  # the engine's own mask, from the padding mask and the cache before this step
-            engine_mask = create_causal_mask(
-                self.config, hidden_states, padding_mask, past_key_values, layer_idx=self.layer_idx
+        if engine:  # the engine's own mask, from the padding mask, the documents and the cache before this step
+            engine_mask = engine_attention_mask(
+                self.config, implementation, hidden_states, padding_mask, past_key_values, self.layer_idx, document_ids
             )
         hidden_shape = (batch, length, -1, self.head_dim)
         fused = self.fused_projections(hidden_states)
@@ -296,8 +331,9 @@ class ZPXDecoderLayer(GeometricDecoderLayer):
 class ZPXPreTrainedModel(GeometricPreTrainedModel):
     config_class = ZPXConfig
     _no_split_modules = ["ZPXDecoderLayer"]
-    # ZPX is softmax attention on q^ . k^ (width d + 5C, scale 1): any softmax engine computes it exactly, reached
-    # through transformers' global AttentionInterface with the standard signature (`ZPXAttention.engine_attention`).
+    # ZPX is softmax attention on q^ . k^ (width `engine_head_dim`, the standard scaling with q^'s phase terms
+    # divided by it): any softmax engine computes it exactly, reached through transformers' global
+    # AttentionInterface with the standard signature (`ZPXAttention.forward`, `engine_inputs`).
     _supports_attention_backend = True
     _supports_flash_attn = True
     _supports_flex_attn = True

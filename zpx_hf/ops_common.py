@@ -30,9 +30,10 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
     tl = None
     HAS_TRITON = False
 
-# One vocabulary for every op's kernels: the readable reference, the CPU fast path (PyTorch, memory-lean),
-# the fused Triton kernels, the one-token step of cached decoding.
-KERNEL_NAMES = ("naive", "cpu", "triton", "decode")
+# One vocabulary for every op's kernels (each op's *_KERNELS is a subset): the readable reference, the CPU fast
+# path (PyTorch, memory-lean), the fused Triton kernels, the one-token step of cached decoding, and the
+# length-independent graph of torch.export / ONNX (RRA's).
+KERNEL_NAMES = ("naive", "cpu", "triton", "decode", "export")
 # Names earlier versions used for the same kernels (still accepted, with a warning).
 LEGACY_KERNEL_NAMES = {
     "tiled": "cpu",

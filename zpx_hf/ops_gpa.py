@@ -13,7 +13,7 @@ with no visible key outputs zeros. Kernels (`GPA_KERNELS`, one signature, compar
 * `"triton"` `ops_gpa_triton.gpa_triton`: fused flash-style kernels, O(L) memory (CUDA).
 
 `geometric_product_attention` checks the inputs once, resolves the default scaling and `kernel="auto"`
-(Triton for CUDA tensors when Triton imports, else "cpu"; with `bivector=False` SDPA on Q . (sign_0 * K),
+(Triton for fp32/fp16/bf16 CUDA tensors when Triton imports, else "cpu"; with `bivector=False` SDPA on Q . (sign_0 * K),
 the same numbers), turns autocast off and returns the query's dtype; kernels only compute. bf16/fp16
 inputs: the norm and the softmax statistics are computed in fp32.
 """
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, conformal_algebra
-from .ops_common import HAS_TRITON, compute_dtype, kernel_name, visible_keys
+from .ops_common import HAS_TRITON, check_triton_kernel, compute_dtype, kernel_name, visible_keys
 
 NUM_FORMS = 1 + len(BIVECTOR_MASKS)  # scalar + 10 bivector coefficients
 
@@ -50,7 +50,7 @@ def form_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch
 # The kernels import the tables above from here, so they are defined first.
 from .ops_gpa_cpu import gpa_cpu  # noqa: E402
 from .ops_gpa_naive import gpa_naive, gpa_naive_weights, score_parts  # noqa: E402
-from .ops_gpa_triton import gpa_triton  # noqa: E402
+from .ops_gpa_triton import KERNEL_DTYPES, gpa_triton  # noqa: E402
 
 GPA_KERNELS = ("naive", "cpu", "triton")
 
@@ -121,9 +121,10 @@ def resolve_gpa_kernel(kernel: str, query: torch.Tensor, bivector: bool) -> str:
             # cache length (one recompile per token); one query's naive form is O(Lk) memory too, and is the path
             # the CPU tests compile (the Triton launch under a dynamic key length is untested)
             return "naive"
-        return "triton" if HAS_TRITON and query.is_cuda else "cpu"
-    if kernel == "triton" and not HAS_TRITON:
-        raise ValueError("kernel='triton' needs the `triton` package; install it or use kernel='cpu'.")
+        # float64 stays on the exact "cpu" path (the fused kernels keep float32 statistics)
+        return "triton" if HAS_TRITON and query.is_cuda and query.dtype in KERNEL_DTYPES else "cpu"
+    if kernel == "triton":  # the package, a CUDA tensor (or the interpreter) and a kernel dtype, else a clear error
+        check_triton_kernel("GPA", query, KERNEL_DTYPES)
     return kernel
 
 

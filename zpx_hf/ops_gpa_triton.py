@@ -17,6 +17,8 @@ import torch
 from .ops_common import HAS_TRITON, document_tables, tl, triton
 from .ops_gpa import form_tables
 
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # inputs the fused kernels take (fp32 statistics)
+
 if HAS_TRITON:
     from .ops_common import key_tile_range, query_tile_range  # defined only where triton imports
 
@@ -371,4 +373,4 @@ def gpa_triton(
     return _GPATritonFunction.apply(query, key, value, gamma, causal, key_valid, documents, scaling, eps, bivector)
 
 
-__all__ = ["gpa_triton"]
+__all__ = ["KERNEL_DTYPES", "gpa_triton"]

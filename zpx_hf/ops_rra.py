@@ -26,8 +26,7 @@ tested against it); earlier names still select them, with a FutureWarning (`ops_
 * `"decode"` - `ops_rra_decode.py`: lean single-token steps (tables and matmuls, few ops): generation
   (earlier: "recurrent").
 * `"auto"` - export while `torch.compiler.is_exporting()`, else decode for a single token (generation with
-  the cache), else triton for CUDA tensors when
-  Triton imports, else cpu.
+  the cache), else triton for CUDA tensors computed in float32 when Triton imports, else cpu.
 
 `recursive_rotor_accumulator` checks the inputs once and resolves the kernel once; kernels only compute.
 Numerics: everything algebraic runs in float32 (float64 when an input is float64), with autocast disabled:
@@ -44,7 +43,7 @@ from __future__ import annotations
 import torch
 
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, from_matrix, rotor_normalize, to_matrix
-from .ops_common import HAS_TRITON, compute_dtype, kernel_name
+from .ops_common import HAS_TRITON, check_triton_kernel, compute_dtype, kernel_name
 
 # the sequential kernels re-project the state onto the group every RENORM_EVERY steps
 RENORM_EVERY = 64
@@ -99,17 +98,17 @@ _KERNEL_FUNCTIONS = {
 }
 
 
-def resolve_rra_kernel(kernel: str, device: torch.device, length: int) -> str:
-    """The kernel that runs, a name of `RRA_KERNELS` (old names mapped; "auto" resolved for this call)."""
+def resolve_rra_kernel(kernel: str, device: torch.device, length: int, dtype: torch.dtype = torch.float32) -> str:
+    """The kernel that runs, a name of `RRA_KERNELS` (old names mapped; "auto" resolved for this call, `dtype`
+    the compute dtype); whether an explicit "triton" can run is `recursive_rotor_accumulator`'s check."""
     kernel = kernel_name(kernel, RRA_KERNELS, "RRA")  # earlier names mapped, warned (ops_common)
     if kernel == "auto":
         if torch.compiler.is_exporting():  # the scans loop over the length in Python; export traces once
             return "export"
         if length == 1:
             return "decode"
-        return "triton" if HAS_TRITON and device.type == "cuda" else "cpu"
-    if kernel == "triton" and not HAS_TRITON:
-        raise ValueError("kernel='triton' needs the `triton` package; install it or use kernel='cpu'.")
+        # float64 stays on the exact "cpu" scan: the Triton scan computes in float32
+        return "triton" if HAS_TRITON and device.type == "cuda" and dtype == torch.float32 else "cpu"
     return kernel
 
 
@@ -165,10 +164,14 @@ def recursive_rotor_accumulator(
     state (it continues the row's first document).
     """
     check_rra_inputs(bivectors, value, initial, accumulate, document_ids)
-    name = resolve_rra_kernel(kernel, bivectors.device, bivectors.shape[1])
     dtype = compute_dtype(bivectors, value, initial)
-    if name == "triton" and dtype != torch.float32:
-        raise ValueError("kernel='triton' computes in float32; pass float32 (or bf16/fp16) inputs or use kernel='cpu'.")
+    name = resolve_rra_kernel(kernel, bivectors.device, bivectors.shape[1], dtype)
+    if name == "triton":  # the package and a CUDA tensor (or the interpreter), else a clear error
+        check_triton_kernel("RRA", bivectors, (torch.float32, torch.float16, torch.bfloat16))
+        if dtype != torch.float32:
+            raise ValueError(
+                "kernel='triton' computes in float32; pass float32 (or bf16/fp16) inputs or use kernel='cpu'."
+            )
     if bivectors.shape[1] == 0:  # nothing to accumulate: the state passes through
         batch, _, heads = bivectors.shape[:3]
         state = initial.to(dtype) if initial is not None else from_matrix(identity_matrix(batch, heads, like=value))
