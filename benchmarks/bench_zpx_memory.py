@@ -131,9 +131,11 @@ def main() -> None:
             spec = ["attention", path, length, args.device, args.heads, args.head_dim, args.channels, 0]
             padded_rows.append({"L": length, "path": path, **run_worker(__file__, spec, timeout=3600)})
             print(padded_rows[-1], flush=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
     if padded_rows:
-        write_padded(padded_rows, args)
+        lines = padded_table(padded_rows, args)
+        print("\n".join(lines))
+        if not args.quick:
+            write_results(RESULTS / f"zpx_memory_padded_{args.device}", padded_rows, lines)
     if args.padded_only:
         return
 
@@ -148,11 +150,6 @@ def main() -> None:
         steps = {"llama": steps, "zpx": steps}
     print(steps, flush=True)
 
-    def cell(row: dict, key: str, fmt: str) -> str:
-        return format(row[key], fmt) if key in row else f"failed ({row.get('error', '?')[:40]})"
-
-    stem = RESULTS / f"zpx_memory_{args.device}"
-    write_csv(stem, rows)
     by = {(r["L"], r["path"]): r for r in rows}
     lines = [
         f"ZPX attention, forward + backward, B=1, H={args.heads}, d={args.head_dim}, C={args.channels}, fp32, "
@@ -184,10 +181,17 @@ def main() -> None:
         else:
             lines.append(f"| {name} | - | failed ({result.get('error', '?')[:40]}) | - |")
     print("\n".join(lines))
-    if args.quick:
-        return
+    if not args.quick:
+        write_results(RESULTS / f"zpx_memory_{args.device}", rows, lines)
+
+
+def cell(row: dict, key: str, fmt: str) -> str:
+    return format(row[key], fmt) if key in row else f"failed ({row.get('error', '?')[:40]})"
+
+
+def write_results(stem: Path, rows: list[dict], lines: list[str]) -> None:
+    """<stem>.csv (one row per point) and <stem>.md (the table)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"zpx_memory_{args.device}"
     with open(stem.with_suffix(".csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["L", "path", "ms", "peak_mib", "error"])
         writer.writeheader()
@@ -196,22 +200,8 @@ def main() -> None:
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
-def cell(row: dict, key: str, fmt: str) -> str:
-    return format(row[key], fmt) if key in row else f"failed ({row.get('error', '?')[:40]})"
-
-
-def write_csv(stem: Path, rows: list[dict]) -> None:
-    with open(stem.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["L", "path", "ms", "peak_mib", "error"])
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({key: row.get(key, "") for key in writer.fieldnames})
-
-
-def write_padded(rows: list[dict], args: argparse.Namespace) -> None:
-    """zpx_memory_padded_<device>.md / .csv: the padded fast path's peak against the unpadded one."""
-    stem = RESULTS / f"zpx_memory_padded_{args.device}"
-    write_csv(stem, rows)
+def padded_table(rows: list[dict], args: argparse.Namespace) -> list[str]:
+    """zpx_memory_padded_<device>.md: the padded fast path's peak against the unpadded one."""
     by = {(r["L"], r["path"]): r for r in rows}
     lines = [
         f"ZPX attention (kernel `cpu`), forward + backward, one call, B=1, H={args.heads}, d={args.head_dim}, "
@@ -229,8 +219,7 @@ def write_padded(rows: list[dict], args: argparse.Namespace) -> None:
             f"| {length} | {cell(u, 'peak_mib', '.0f')} | {cell(p, 'peak_mib', '.0f')} | {ratio} | "
             f"{cell(u, 'ms', '.0f')} | {cell(p, 'ms', '.0f')} |"
         )
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return lines
 
 
 def _cuda() -> bool:
