@@ -9,7 +9,7 @@
    none, one timed round each: the padded path builds masks per query panel, never L x L,
    so its peak stays within 2x. Written to zpx_memory_padded_<device>.md; `--padded-only` runs just these.
 2. One training step (forward + backward + AdamW) of `ZPXForCausalLM` vs `LlamaForCausalLM` of
-   the same size, both on SDPA.
+   the same size, both on SDPA, taking turns in one process; ratio = median of the per-round ratios.
 
 Usage:  python benchmarks/bench_zpx_memory.py [--lengths 512 1024 2048 4096] [--device cpu|cuda]
 Writes benchmarks/results/zpx_memory_<device>.md and .csv.
@@ -22,7 +22,7 @@ import csv
 import json
 from pathlib import Path
 
-from measure import interleaved_times, medians, peak_memory, run_worker  # benchmarks/measure.py
+from measure import interleaved_times, median_ratio, medians, peak_memory, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -68,12 +68,15 @@ def attention_worker(
 
     peak = peak_memory(step, device)  # before any timing: see benchmarks/measure.py
     rounds = max(repeats, 1)  # repeats=0: one timed round (long padded points)
-    times, _ = interleaved_times({"op": step}, rounds=rounds, warmup=0, device=device)
+    times, errors = interleaved_times({"op": step}, rounds=rounds, warmup=0, device=device)
+    if errors:
+        raise RuntimeError(errors["op"])
     return {"ms": medians(times)["op"] * 1e3, "peak_mib": peak / 2**20}
 
 
 def step_worker(device: str, length: int, batch: int) -> dict:
-    """Llama and ZPX steps take turns in one process (fair under background load); median ms."""
+    """Llama and ZPX steps take turns in one process (fair under background load); median ms, and ZPX's ratio
+    to Llama as the median of the per-round ratios."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -95,10 +98,15 @@ def step_worker(device: str, length: int, batch: int) -> dict:
         optimizer.zero_grad(set_to_none=True)
 
     runs = {name: (lambda pair=pair: step(*pair)) for name, pair in models.items()}
-    times, _ = interleaved_times(runs, rounds=10, warmup=2, device=device)
+    times, errors = interleaved_times(runs, rounds=10, warmup=2, device=device)
+    if errors:  # the worker's error names the model and the cause (else a KeyError on its missing median)
+        raise RuntimeError("; ".join(f"{name}: {error}" for name, error in errors.items()))
     ms = medians(times)
     params = {name: sum(p.numel() for p in model.parameters()) for name, (model, _) in models.items()}
-    return {name: {"ms": ms[name] * 1e3, "params": params[name]} for name in runs}
+    return {
+        name: {"ms": ms[name] * 1e3, "params": params[name], "ratio": median_ratio(times, name, "llama")}
+        for name in runs
+    }
 
 
 def main() -> None:
@@ -176,8 +184,7 @@ def main() -> None:
     ]
     for name, result in (("LlamaForCausalLM", llama), ("ZPXForCausalLM (C=8, SRPE)", zpx)):
         if "ms" in result:
-            ratio = result["ms"] / llama["ms"] if "ms" in llama else float("nan")
-            lines.append(f"| {name} | {result['params']:,} | {result['ms']:.1f} | {ratio:.2f}x |")
+            lines.append(f"| {name} | {result['params']:,} | {result['ms']:.1f} | {result['ratio']:.2f}x |")
         else:
             lines.append(f"| {name} | - | failed ({result.get('error', '?')[:40]}) | - |")
     print("\n".join(lines))
