@@ -5,7 +5,7 @@
     python benchmarks/bench_step.py --families pct versor-rra
 
 Models (vocabulary 260, 4 layers, 4 heads; every model through the public `AutoModelForCausalLM.from_config`
-with `attn_implementation="sdpa"`, each family's fast path, falling back to the class default):
+with `attn_implementation="sdpa"`, each family's fast path):
   llama          transformers `LlamaForCausalLM`, hidden 256, intermediate 688: the baseline
   zpx            `ZPXConfig`, same sizes as Llama (8 phase channels, SRPE)
   pct            `PCTConfig`, parameter-matched to Llama: real hidden width sqrt(2) x 256 (complex 181 -> 184:
@@ -121,11 +121,7 @@ def build(name: str, size: dict, llama_params: int) -> Any:
     import zpx_hf  # noqa: F401  (registers the families with the Auto classes)
 
     config = llama_config(size) if name == "llama" else family_config(name, size, llama_params)
-    try:
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    except ValueError:  # a class that does not declare SDPA support: its default implementation
-        model = AutoModelForCausalLM.from_config(config)
-    return model
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
 
 
 def build_all(names: list[str], size: dict) -> tuple[dict, dict]:
