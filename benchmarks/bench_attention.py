@@ -8,7 +8,7 @@ Paths (one head layout for all: B=1, H=2 on CPU / B=2, H=8 on CUDA, 64 features 
   softmax_sdpa      torch SDPA softmax attention (the baseline; flash/efficient kernels where available)
   zpx_materialised  ZPX's score term by term (docs/design.md §3.3): [L, L, C], [L, L, C, 3] tensors (C = 4)
   zpx_sdpa          ZPX as SDPA on the augmented head dim d + 5C (exact)
-  pct_reference     PCT sigmoid attention, tiled PyTorch path (query panels; real head dim 2d = 64)
+  pct_reference     PCT sigmoid attention, kernel "cpu": the tiled PyTorch path (query panels; real head dim 2d = 64)
   pct_triton        PCT fused Triton kernels (CUDA)
   gpa_reference     Versor GPA naive: [L, L, 11] score products materialised (2 multivector channels)
   gpa_chunked       Versor GPA O(L) PyTorch path: query panels, causal key blocks, online softmax
@@ -95,7 +95,7 @@ def make_step(path: str, length: int, device: str, dtype: Any, batch: int, heads
     elif path in ("pct_reference", "pct_triton"):
         from zpx_hf.ops_pct import pct_attention
 
-        kernel = "tiled" if path == "pct_reference" else "triton"
+        kernel = "cpu" if path == "pct_reference" else "triton"
         q, k = make(batch, heads, length, d, scale=d**-0.5), make(batch, heads, length, d, scale=d**-0.5)
         v = make(batch, heads, length, d)
         tau = torch.full((heads,), d**0.5 / 2**0.5, device=device, requires_grad=True)

@@ -4,7 +4,7 @@ Forward + backward of one op call, B=1, causal:
 
 GPA, H=2 heads, c=2 multivector channels per head (D=64), `geometric_product_attention(kernel=...)`:
 * `gpa-naive`      materialises the [B, H, L, L, 11] scalar/bivector products (the reference)
-* `gpa-chunked`    query panels x causal key blocks, online softmax, recomputing backward: O(L) memory
+* `gpa-chunked`    kernel "cpu": query panels x causal key blocks, online softmax, recomputing backward: O(L) memory
 * `gpa-triton`     the flash-style kernel (CUDA only: on CPU Triton only has its interpreter)
 * `sdpa`           torch SDPA softmax attention on the same q, k, v (the baseline of the ratios)
 On CPU the GPA times come from one process per L that runs the methods interleaved, round after round
@@ -13,8 +13,8 @@ fresh process per method and L.
 
 RRA, H=4 rotor heads, c=2 value channels per head (the whole op, default accumulate="compact": rotor
 exponentials, scan, sandwich; the state it carries is one rotor, [B, H, 32] float32, whatever L):
-* `rra-sequential` the loop R_t = R_{t-1} dR_t with matrix exponentials (the reference)
-* `rra-scan`       closed-form rotors, log-depth scan, structure-of-arrays complex products
+* `rra-sequential` kernel "naive": the loop R_t = R_{t-1} dR_t with matrix exponentials (the reference)
+* `rra-scan`       kernel "cpu": closed-form rotors, log-depth scan, structure-of-arrays complex products
 * `rra-triton`     the Triton scan kernel (CUDA only)
 * `rra-sdpa`       torch SDPA, causal, on q, k, v of the same B, H and width (D = 32 c = 64): the baseline
 On CPU the RRA times come from one process per L running the methods interleaved (`--rra-rounds`,
@@ -47,6 +47,9 @@ GPA_HEADS, GPA_CHANNELS = 2, 2
 RRA_METHODS = ("rra-sequential", "rra-scan", "rra-triton", "rra-sdpa")
 RRA_CPU_METHODS = ("rra-sdpa", "rra-scan", "rra-sequential")
 RRA_HEADS, RRA_CHANNELS = 4, 2
+# each method's `kernel=` in the ops' one vocabulary (ops_common.KERNEL_NAMES); the labels are the results'
+KERNELS = {"gpa-naive": "naive", "gpa-chunked": "cpu", "gpa-triton": "triton"}
+KERNELS.update({"rra-sequential": "naive", "rra-scan": "cpu", "rra-triton": "triton"})
 
 
 def worker(method: str, length: int, device: str, dtype_name: str) -> dict:
@@ -82,7 +85,7 @@ def gpa_op(method: str, length: int, device: str, dtype):
     gamma = torch.full((GPA_HEADS,), 0.1, device=device, requires_grad=True)
     if method == "sdpa":
         return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), (q, k, v)
-    kernel = method.removeprefix("gpa-")
+    kernel = KERNELS[method]
     return (lambda: geometric_product_attention(q, k, v, gamma, causal=True, kernel=kernel)), (q, k, v, gamma)
 
 
@@ -102,7 +105,7 @@ def rra_op(method: str, length: int, device: str, dtype):
     bivectors = torch.tanh(torch.randn(1, length, RRA_HEADS, 10, device=device, generator=generator))
     values = torch.randn(1, length, RRA_HEADS, RRA_CHANNELS, 32, device=device, generator=generator).to(dtype)
     leaves = (bivectors.requires_grad_(), values.requires_grad_())
-    kernel = method.removeprefix("rra-")
+    kernel = KERNELS[method]
     return (lambda: recursive_rotor_accumulator(*leaves, kernel=kernel)[0]), leaves
 
 

@@ -4,12 +4,12 @@
     python benchmarks/gpu_check.py --quick         # correctness only, smaller shapes
 
 Checks (forward and every gradient, odd lengths, causal and not, fp32 / fp16 / bf16):
-  PCT sigmoid attention   pct_attention kernel 'triton' vs 'tiled'            grads q, k, v, tau, b (+ padding mask)
-  Versor GPA              gpa_triton vs gpa_naive (+ key padding, Lq < Lk)    grads q, k, v, gamma
-  Versor RRA              op triton vs sequential, compact + full (fp32)      grads bivectors, value, initial
+  PCT sigmoid attention   pct_attention kernel 'triton' vs 'cpu'              grads q, k, v, tau, b (+ padding mask)
+  Versor GPA              kernel 'triton' vs 'naive' (+ key padding, Lq < Lk) grads q, k, v, gamma
+  Versor RRA              op 'triton' vs 'naive', compact + full (fp32)       grads bivectors, value, initial
   RRA stability           |R ~R - 1| after a 16,384-token rotation scan on the Triton path
   ZPX                     SDPA fast form (fp32/fp16/bf16) vs the materialised form in fp32 (no Triton kernel)
-  models                  PCT and Versor models with kernels "triton" vs "reference": logits and grad norms
+  models                  PCT and Versor models, attn_implementation "sdpa" (Triton) vs "eager": logits, grads
 
 The reference always runs in fp32 on the same (rounded) inputs; the error of a tensor is
 max |x - ref| / max |ref| (relative to its scale), with limits fp32 2e-3 (TF32 dots), fp16 1e-2, bf16 4e-2
@@ -115,7 +115,7 @@ def check_pct(rows: list[dict[str, Any]], dtypes: list[Any], quick: bool) -> Non
                     compare(
                         f"pct L={lq} D={dim} causal={causal} mask={masked}",
                         lambda *a, m=mask, c=causal: pct_attention(*a, causal=c, key_padding_mask=m, kernel="triton"),
-                        lambda *a, m=mask, c=causal: pct_attention(*a, causal=c, key_padding_mask=m, kernel="tiled"),
+                        lambda *a, m=mask, c=causal: pct_attention(*a, causal=c, key_padding_mask=m, kernel="cpu"),
                         [q, k, v, tau, bias],
                         ["dq", "dk", "dv", "dtau", "dbias"],
                         dtype,
@@ -187,7 +187,7 @@ def check_rra(rows: list[dict[str, Any]], quick: bool) -> None:
 
         return run
 
-    # (B, L, H): the whole op (closed-form rotors, Triton scan, sandwich) vs the sequential reference
+    # (B, L, H): the whole op (closed-form rotors, Triton scan, sandwich) vs the sequential reference ('naive')
     cases = [(1, 1, 1), (2, 37, 3), (2, 513, 8)] + ([] if quick else [(4, 2049, 8)])
     for batch, length, heads in cases[:2] if SMOKE else cases:
         g = torch.Generator(device=DEVICE).manual_seed(length)
