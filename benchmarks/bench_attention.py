@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import functools
 import json
 import os
 import sys
@@ -53,6 +52,31 @@ KERNEL_PATHS = ("pct_triton", "gpa_triton")
 HEAD_FEATURES, PHASE_CHANNELS = 64, 4
 
 
+def zpx_op(query: Any, key: Any, value: Any, pre: Any, padding_mask: Any = None, *, kernel: str) -> Any:
+    """The output [B, L, H, d] of one causal ZPX attention call on q, k, v [B, H, L, d], with its inputs made as the
+    model makes them (modeling_zpx): phase features from the encoder's pre-activations `pre` = (log_r, theta, b),
+    each [B, H, L, C] (max log-radius 4), keys k^ = [k, features], the same features for the queries, lambdas 1,
+    scaling 1/sqrt(d). Shared by bench_zpx_memory.py and gpu_check.py."""
+    import torch
+
+    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention
+
+    features = phase_key_features(phase_coordinates(*pre, 4.0)).to(query.dtype)
+    output, _ = zpx_attention(
+        query,
+        torch.cat((key, features), -1),
+        value,
+        features,
+        padding_mask,
+        causal=True,
+        scaling=query.shape[-1] ** -0.5,
+        lambda_angle=1.0,
+        lambda_sphere=1.0,
+        kernel=kernel,
+    )
+    return output
+
+
 def make_step(path: str, length: int, device: str, dtype: Any, batch: int, heads: int) -> Callable[[], None]:
     """A closure running one forward + backward of `path` on fresh-looking inputs (made once)."""
     import torch
@@ -71,26 +95,12 @@ def make_step(path: str, length: int, device: str, dtype: Any, batch: int, heads
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     elif path in ("zpx_materialised", "zpx_sdpa"):
-        from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention
-
-        op = functools.partial(zpx_attention, kernel="naive" if path == "zpx_materialised" else "cpu")
+        kernel = "naive" if path == "zpx_materialised" else "cpu"
         q, k, v = (make(batch, heads, length, d) for _ in range(3))
         pre = [make(batch, heads, length, PHASE_CHANNELS) for _ in range(3)]
 
         def run() -> Any:
-            features = phase_key_features(phase_coordinates(*pre, 4.0)).to(dtype)
-            out, _ = op(
-                q,
-                torch.cat((k, features), -1),
-                v,
-                features,
-                None,
-                causal=True,
-                scaling=d**-0.5,
-                lambda_angle=1.0,
-                lambda_sphere=1.0,
-            )
-            return out
+            return zpx_op(q, k, v, pre, kernel=kernel)
 
     elif path in ("pct_reference", "pct_triton"):
         from zpx_hf.ops_pct import pct_attention

@@ -22,6 +22,7 @@ import csv
 import json
 from pathlib import Path
 
+from bench_attention import zpx_op  # benchmarks/bench_attention.py
 from measure import interleaved_times, median_ratio, medians, peak_memory, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -32,8 +33,6 @@ def attention_worker(
 ) -> dict:
     """`path`: "materialised" (kernel naive), "sdpa" (kernel cpu) or "sdpa-padded" (cpu, one padded key)."""
     import torch
-
-    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention
 
     torch.manual_seed(0)
     kernel = "naive" if path == "materialised" else "cpu"
@@ -50,21 +49,7 @@ def attention_worker(
     pre = [make(1, heads, length, channels) for _ in range(3)]
 
     def step():
-        features = phase_key_features(phase_coordinates(*pre, 4.0))
-        key_aug = torch.cat((k, features), -1)
-        out, _ = zpx_attention(
-            q,
-            key_aug,
-            v,
-            features,
-            padding,
-            causal=True,
-            scaling=head_dim**-0.5,
-            lambda_angle=1.0,
-            lambda_sphere=1.0,
-            kernel=kernel,
-        )
-        out.sum().backward()
+        zpx_op(q, k, v, pre, padding, kernel=kernel).sum().backward()
 
     peak = peak_memory(step, device)  # before any timing: see benchmarks/measure.py
     rounds = max(repeats, 1)  # repeats=0: one timed round (long padded points)

@@ -222,8 +222,7 @@ def check_rra(rows: list[dict[str, Any]], quick: bool) -> None:
 
 def check_zpx(rows: list[dict[str, Any]], dtypes: list[Any]) -> None:
     import torch
-
-    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention
+    from bench_attention import zpx_op  # this script's folder is on sys.path when run as a script
 
     batch, heads, length, dim, channels = (1, 2, 33, 64, 4) if SMOKE else (2, 4, 257, 64, 4)
     g = torch.Generator(device=DEVICE).manual_seed(0)
@@ -233,22 +232,7 @@ def check_zpx(rows: list[dict[str, Any]], dtypes: list[Any]) -> None:
         x.requires_grad_(True)
 
     def run(kernel: str) -> Callable[..., Any]:
-        def call(q: Any, k: Any, v: Any, a: Any, b: Any, c: Any) -> Any:
-            features = phase_key_features(phase_coordinates(a, b, c, 4.0)).to(q.dtype)
-            return zpx_attention(
-                q,
-                torch.cat((k, features), -1),
-                v,
-                features,
-                None,
-                causal=True,
-                scaling=dim**-0.5,
-                lambda_angle=1.0,
-                lambda_sphere=1.0,
-                kernel=kernel,
-            )[0]
-
-        return call
+        return lambda q, k, v, *pre: zpx_op(q, k, v, pre, kernel=kernel)
 
     for dtype in dtypes:
         compare(
