@@ -35,9 +35,9 @@ SMOKE = False
 
 
 def rel_error(actual: Any, expected: Any) -> float:
-    expected = expected.float()
+    expected = expected.detach().float()
     scale = float(expected.abs().max()) or 1.0
-    return float((actual.float() - expected).abs().max()) / scale
+    return float((actual.detach().float() - expected).abs().max()) / scale
 
 
 def compare(
