@@ -38,7 +38,7 @@ import json
 import os
 from pathlib import Path
 
-from measure import interleaved_times, medians, peak_memory, run_worker  # benchmarks/measure.py
+from measure import interleaved_times, median_ratio, medians, peak_memory, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GPA_METHODS = ("gpa-naive", "gpa-chunked", "gpa-triton", "sdpa")
@@ -67,7 +67,9 @@ def worker(method: str, length: int, device: str, dtype_name: str) -> dict:
             leaf.grad = None
 
     peak = peak_memory(step, device)  # before any other call: a warm-up would hide the CPU peak (measure.py)
-    times, _ = interleaved_times({method: step}, rounds=5 if device == "cuda" else 2, warmup=0, device=device)
+    times, errors = interleaved_times({method: step}, rounds=5 if device == "cuda" else 2, warmup=0, device=device)
+    if errors:
+        raise RuntimeError(errors[method])
     seconds = medians(times)[method]
     return {"ms": seconds * 1e3, "us_per_token": seconds * 1e6 / length, "peak_mib": peak / 2**20}
 
@@ -110,8 +112,8 @@ def rra_op(method: str, length: int, device: str, dtype):
 
 
 def gpa_time_worker(length: int, methods: list[str], rounds: int) -> dict:
-    """CPU, 1 thread: the methods' forward + backward interleaved, `rounds` times after a warm-up round; median
-    ms per method."""
+    """CPU, 1 thread: the methods' forward + backward interleaved, `rounds` times after a warm-up round; per
+    method the median ms and the median of its per-round time ratio to `methods[0]` (the SDPA baseline)."""
     import torch
 
     torch.set_num_threads(1)
@@ -128,7 +130,8 @@ def gpa_time_worker(length: int, methods: list[str], rounds: int) -> dict:
     times, errors = interleaved_times(steps, rounds)
     if errors:
         raise RuntimeError("; ".join(f"{method}: {error}" for method, error in errors.items()))
-    return {method: seconds * 1e3 for method, seconds in medians(times).items()}
+    ms = medians(times)
+    return {method: {"ms": ms[method] * 1e3, "ratio": median_ratio(times, method, methods[0])} for method in methods}
 
 
 def gpa_cpu_sweep(
@@ -146,7 +149,7 @@ def gpa_cpu_sweep(
             if "error" in times or "error" in memory:
                 rows[(method, length)] = {"error": times.get("error") or memory["error"]}
             else:
-                rows[(method, length)] = {"ms": times[method], "peak_mib": memory["peak_mib"]}
+                rows[(method, length)] = {**times[method], "peak_mib": memory["peak_mib"]}
             print(method, length, rows[(method, length)], flush=True)
     return rows
 
@@ -154,7 +157,8 @@ def gpa_cpu_sweep(
 def gpa_ratio_table(
     rows: dict, lengths: list[int], rounds: int, methods: tuple = GPA_CPU_METHODS, title: str | None = None
 ) -> list[str]:
-    """Per L and method: median ms, x SDPA time, peak MiB, x SDPA memory (the baseline: `methods[0]`)."""
+    """Per L and method: median ms, x SDPA time (median of the per-round ratios), peak MiB, x SDPA memory (the
+    baseline: `methods[0]`)."""
     lines = [
         title
         or f"GPA, forward + backward, B=1, H={GPA_HEADS}, {GPA_CHANNELS} multivector channels per head "
@@ -175,7 +179,7 @@ def gpa_ratio_table(
                 continue
             memory_ratio = row["peak_mib"] / max(base["peak_mib"], 1.0)
             lines.append(
-                f"| {length} | {method} | {row['ms']:,.1f} | {row['ms'] / base['ms']:.2f} | "
+                f"| {length} | {method} | {row['ms']:,.1f} | {row['ratio']:.2f} | "
                 f"{row['peak_mib']:,.0f} | {memory_ratio:.1f} |"
             )
     return lines + [""]
