@@ -149,7 +149,9 @@ def worker(path: str, length: int, device: str, batch: int, heads: int, repeats:
     dtype = torch.bfloat16 if device == "cuda" and path != "rra_scan" else torch.float32
     step = make_step(path, length, device, dtype, batch, heads)
     peak = peak_memory(step, device)  # before the timed calls: a warm-up would hide the CPU peak (measure.py)
-    times, _ = interleaved_times({path: step}, rounds=repeats, warmup=1, device=device)
+    times, errors = interleaved_times({path: step}, rounds=repeats, warmup=1, device=device)
+    if errors:  # the cause, not a KeyError on the missing median
+        raise RuntimeError(errors[path])
     return {"ms": medians(times)[path] * 1e3, "peak_mib": peak / 2**20, "dtype": str(dtype).replace("torch.", "")}
 
 
