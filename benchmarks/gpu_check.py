@@ -258,10 +258,12 @@ def check_models(rows: list[dict[str, Any]]) -> None:
     cases = [("pct model", PCTConfig, {}), ("versor hybrid model", VersorConfig, {"mixer": "hybrid"})]
     for name, config_class, extra in cases:
         size = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2}
-        config = config_class(**size, **extra)
+        # one config each: from_config sets the implementation on the config it is given, so a shared config
+        # would leave both models on the last one ("eager" vs "eager", an error of exactly 0)
         torch.manual_seed(0)
-        model_fast = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(DEVICE)
-        model_slow = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(DEVICE)
+        model_fast = AutoModelForCausalLM.from_config(config_class(**size, **extra), attn_implementation="sdpa")
+        model_slow = AutoModelForCausalLM.from_config(config_class(**size, **extra), attn_implementation="eager")
+        model_fast, model_slow = model_fast.to(DEVICE), model_slow.to(DEVICE)
         model_slow.load_state_dict(model_fast.state_dict())
         out_fast = model_fast(input_ids=ids, labels=ids, use_cache=False)
         out_slow = model_slow(input_ids=ids, labels=ids, use_cache=False)
