@@ -16,7 +16,8 @@ Paths (one head layout for all: B=1, H=2 on CPU / B=2, H=8 on CUDA, 64 features 
   rra_scan          Versor RRA: closed-form rotors, log-depth scan (Triton scan on CUDA), sandwich; compact
 
 Each point runs in a fresh subprocess and is measured as every benchmark measures (benchmarks/measure.py):
-wall time = median of `--repeats` calls after a warm-up (CUDA synchronised); peak memory = growth of the
+wall time = median of `--repeats` calls after a warm-up (CUDA synchronised), taking turns with softmax_sdpa
+at the same shape and dtype (the ratio x SDPA = median of the per-round ratios); peak memory = growth of the
 worker's peak RSS over its RSS before the op's first call (CPU), `torch.cuda.max_memory_allocated` over
 the inputs (CUDA). CPU: fp32; CUDA: bf16 (RRA runs in fp32 by design). A path stops at the first length that fails (e.g.
 out of memory) or takes longer than `--max-seconds`. Writes benchmarks/results/bench_attention.csv,
@@ -34,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from measure import interleaved_times, medians, peak_memory, run_worker  # benchmarks/measure.py
+from measure import interleaved_times, median_ratio, medians, peak_memory, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PATHS = (
@@ -49,6 +50,7 @@ PATHS = (
     "rra_scan",
 )
 KERNEL_PATHS = ("pct_triton", "gpa_triton")
+BASELINE = "softmax_sdpa"
 HEAD_FEATURES, PHASE_CHANNELS = 64, 4
 
 
@@ -149,10 +151,18 @@ def worker(path: str, length: int, device: str, batch: int, heads: int, repeats:
     dtype = torch.bfloat16 if device == "cuda" and path != "rra_scan" else torch.float32
     step = make_step(path, length, device, dtype, batch, heads)
     peak = peak_memory(step, device)  # before the timed calls: a warm-up would hide the CPU peak (measure.py)
-    times, errors = interleaved_times({path: step}, rounds=repeats, warmup=1, device=device)
+    runs = {path: step}
+    if path != BASELINE:  # the baseline takes turns with the path in the same rounds, same shape and dtype
+        runs[BASELINE] = make_step(BASELINE, length, device, dtype, batch, heads)
+    times, errors = interleaved_times(runs, rounds=repeats, warmup=1, device=device)
     if errors:  # the cause, not a KeyError on the missing median
-        raise RuntimeError(errors[path])
-    return {"ms": medians(times)[path] * 1e3, "peak_mib": peak / 2**20, "dtype": str(dtype).replace("torch.", "")}
+        raise RuntimeError("; ".join(f"{name}: {error}" for name, error in errors.items()))
+    return {
+        "ms": medians(times)[path] * 1e3,
+        "x_sdpa": median_ratio(times, path, BASELINE),
+        "peak_mib": peak / 2**20,
+        "dtype": str(dtype).replace("torch.", ""),
+    }
 
 
 def run_point(spec: list[Any], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -198,8 +208,10 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         "Forward + backward of one attention op, causal, 64 features per head "
         "(ZPX: + 5 x 4 phase features; PCT: complex d = 32; GPA/RRA: 2 multivector channels). "
-        "Cells: time ms / peak MiB. CPU times are wall-clock medians on a machine that may be shared "
-        "(noisy, compare orders of magnitude); CPU memory is the peak-RSS growth of a fresh process.",
+        "Cells: time ms (x softmax SDPA) / peak MiB; the ratio is the median of per-round ratios to softmax SDPA "
+        "at the same shape and dtype, timed in turns with the path in its worker. CPU times are wall-clock "
+        "medians on a machine that may be shared (noisy, compare orders of magnitude); CPU memory is the "
+        "peak-RSS growth of a fresh process.",
     ]
     for device in sorted({r["device"] for r in rows}):
         sub = [r for r in rows if r["device"] == device]
@@ -221,7 +233,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                     continue
                 seen = True
                 if r["status"] == "ok":
-                    cells.append(f"{r['ms']:.1f} / {r['peak_mib']:.0f}")
+                    cells.append(f"{r['ms']:.1f} ({r['x_sdpa']:.2f}x) / {r['peak_mib']:.0f}")
                 else:
                     cells.append(r["status"].split(":")[0])
             if seen:
@@ -298,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     stem = args.output / args.tag
     with open(stem.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["device", "dtype", "path", "L", "ms", "peak_mib", "status"])
+        writer = csv.DictWriter(f, fieldnames=["device", "dtype", "path", "L", "ms", "x_sdpa", "peak_mib", "status"])
         writer.writeheader()
         for row in rows:
             writer.writerow({k: row.get(k, "") for k in writer.fieldnames})

@@ -324,7 +324,8 @@ def report(checks: list[dict[str, Any]], bench: list[dict[str, Any]], meta: dict
         lines += [
             "",
             "Forward + backward, B=2, H=8, 64 features per head, causal, bf16 (RRA fp32); "
-            "wall-clock median ms / peak MiB (benchmarks/measure.py):",
+            "wall-clock median ms (x softmax SDPA at the same shape, from the same rounds) / peak MiB "
+            "(benchmarks/measure.py):",
             "",
             "| path | " + " | ".join(f"L={n}" for n in lengths) + " |",
             "|---|" + "---:|" * len(lengths),
@@ -336,7 +337,7 @@ def report(checks: list[dict[str, Any]], bench: list[dict[str, Any]], meta: dict
                 if r is None:
                     cells.append("-")
                 elif r["status"] == "ok":
-                    cells.append(f"{r['ms']:.2f} / {r['peak_mib']:.0f}")
+                    cells.append(f"{r['ms']:.2f} ({r['x_sdpa']:.2f}x) / {r['peak_mib']:.0f}")
                 else:
                     cells.append(r["status"].split(" (")[0])
             lines.append(f"| {path} | " + " | ".join(cells) + " |")
