@@ -54,29 +54,34 @@ BASELINE = "softmax_sdpa"
 HEAD_FEATURES, PHASE_CHANNELS = 64, 4
 
 
-def zpx_op(query: Any, key: Any, value: Any, pre: Any, padding_mask: Any = None, *, kernel: str) -> Any:
-    """The output [B, L, H, d] of one causal ZPX attention call on q, k, v [B, H, L, d], with its inputs made as the
-    model makes them (modeling_zpx): phase features from the encoder's pre-activations `pre` = (log_r, theta, b),
-    each [B, H, L, C] (max log-radius 4), keys k^ = [k, features], the same features for the queries, lambdas 1,
-    scaling 1/sqrt(d). Shared by bench_zpx_memory.py and gpu_check.py."""
+def zpx_op(kernel: str) -> Callable[..., Any]:
+    """fn(q, k, v, pre, padding_mask=None) -> the output [B, L, H, d] of one causal ZPX attention call on q, k, v
+    [B, H, L, d], its inputs made as the model makes them (modeling_zpx): phase features from the encoder's
+    pre-activations `pre` = (log_r, theta, b), each [B, H, L, C] (max log-radius 4), keys k^ = [k, features],
+    the same features for the queries, lambdas 1, scaling 1/sqrt(d). The package is imported here, before any
+    measured call (an import inside the first call would count in its peak memory). Shared by
+    bench_zpx_memory.py and gpu_check.py."""
     import torch
 
     from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention
 
-    features = phase_key_features(phase_coordinates(*pre, 4.0)).to(query.dtype)
-    output, _ = zpx_attention(
-        query,
-        torch.cat((key, features), -1),
-        value,
-        features,
-        padding_mask,
-        causal=True,
-        scaling=query.shape[-1] ** -0.5,
-        lambda_angle=1.0,
-        lambda_sphere=1.0,
-        kernel=kernel,
-    )
-    return output
+    def call(query: Any, key: Any, value: Any, pre: Any, padding_mask: Any = None) -> Any:
+        features = phase_key_features(phase_coordinates(*pre, 4.0)).to(query.dtype)
+        output, _ = zpx_attention(
+            query,
+            torch.cat((key, features), -1),
+            value,
+            features,
+            padding_mask,
+            causal=True,
+            scaling=query.shape[-1] ** -0.5,
+            lambda_angle=1.0,
+            lambda_sphere=1.0,
+            kernel=kernel,
+        )
+        return output
+
+    return call
 
 
 def make_step(path: str, length: int, device: str, dtype: Any, batch: int, heads: int) -> Callable[[], None]:
@@ -97,12 +102,12 @@ def make_step(path: str, length: int, device: str, dtype: Any, batch: int, heads
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     elif path in ("zpx_materialised", "zpx_sdpa"):
-        kernel = "naive" if path == "zpx_materialised" else "cpu"
+        op = zpx_op("naive" if path == "zpx_materialised" else "cpu")
         q, k, v = (make(batch, heads, length, d) for _ in range(3))
         pre = [make(batch, heads, length, PHASE_CHANNELS) for _ in range(3)]
 
         def run() -> Any:
-            return zpx_op(q, k, v, pre, kernel=kernel)
+            return op(q, k, v, pre)
 
     elif path in ("pct_reference", "pct_triton"):
         from zpx_hf.ops_pct import pct_attention

@@ -232,7 +232,8 @@ def check_zpx(rows: list[dict[str, Any]], dtypes: list[Any]) -> None:
         x.requires_grad_(True)
 
     def run(kernel: str) -> Callable[..., Any]:
-        return lambda q, k, v, *pre: zpx_op(q, k, v, pre, kernel=kernel)
+        op = zpx_op(kernel)
+        return lambda q, k, v, *pre: op(q, k, v, pre)
 
     for dtype in dtypes:
         compare(
