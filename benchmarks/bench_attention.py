@@ -8,7 +8,7 @@ Paths (one head layout for all: B=1, H=2 on CPU / B=2, H=8 on CUDA, 64 features 
   softmax_sdpa      torch SDPA softmax attention (the baseline; flash/efficient kernels where available)
   zpx_materialised  ZPX's score term by term (docs/design.md §3.3): [L, L, C], [L, L, C, 3] tensors (C = 4)
   zpx_sdpa          ZPX as SDPA on the augmented head dim d + 5C (exact)
-  pct_reference     PCT sigmoid attention, tiled PyTorch path (query panels; real head dim 2d = 64)
+  pct_reference     PCT sigmoid attention, kernel "cpu": the tiled PyTorch path (query panels; real head dim 2d = 64)
   pct_triton        PCT fused Triton kernels (CUDA)
   gpa_reference     Versor GPA naive: [L, L, 11] score products materialised (2 multivector channels)
   gpa_chunked       Versor GPA O(L) PyTorch path: query panels, causal key blocks, online softmax
@@ -16,7 +16,8 @@ Paths (one head layout for all: B=1, H=2 on CPU / B=2, H=8 on CUDA, 64 features 
   rra_scan          Versor RRA: closed-form rotors, log-depth scan (Triton scan on CUDA), sandwich; compact
 
 Each point runs in a fresh subprocess and is measured as every benchmark measures (benchmarks/measure.py):
-wall time = median of `--repeats` calls after a warm-up (CUDA synchronised); peak memory = growth of the
+wall time = median of `--repeats` calls after a warm-up (CUDA synchronised), taking turns with softmax_sdpa
+at the same shape and dtype (the ratio x SDPA = median of the per-round ratios); peak memory = growth of the
 worker's peak RSS over its RSS before the op's first call (CPU), `torch.cuda.max_memory_allocated` over
 the inputs (CUDA). CPU: fp32; CUDA: bf16 (RRA runs in fp32 by design). A path stops at the first length that fails (e.g.
 out of memory) or takes longer than `--max-seconds`. Writes benchmarks/results/bench_attention.csv,
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import functools
 import json
 import os
 import sys
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from measure import interleaved_times, medians, peak_memory, run_worker  # benchmarks/measure.py
+from measure import interleaved_times, median_ratio, medians, peak_memory, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PATHS = (
@@ -50,7 +50,38 @@ PATHS = (
     "rra_scan",
 )
 KERNEL_PATHS = ("pct_triton", "gpa_triton")
+BASELINE = "softmax_sdpa"
 HEAD_FEATURES, PHASE_CHANNELS = 64, 4
+
+
+def zpx_op(kernel: str) -> Callable[..., Any]:
+    """fn(q, k, v, pre, padding_mask=None) -> the output [B, L, H, d] of one causal ZPX attention call on q, k, v
+    [B, H, L, d], its inputs made as the model makes them (modeling_zpx): phase features from the encoder's
+    pre-activations `pre` = (log_r, theta, b), each [B, H, L, C] (max log-radius 4), keys k^ = [k, features],
+    the same features for the queries, lambdas 1, scaling 1/sqrt(d). The package is imported here, before any
+    measured call (an import inside the first call would count in its peak memory). Shared by
+    bench_zpx_memory.py and gpu_check.py."""
+    import torch
+
+    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention
+
+    def call(query: Any, key: Any, value: Any, pre: Any, padding_mask: Any = None) -> Any:
+        features = phase_key_features(phase_coordinates(*pre, 4.0)).to(query.dtype)
+        output, _ = zpx_attention(
+            query,
+            torch.cat((key, features), -1),
+            value,
+            features,
+            padding_mask,
+            causal=True,
+            scaling=query.shape[-1] ** -0.5,
+            lambda_angle=1.0,
+            lambda_sphere=1.0,
+            kernel=kernel,
+        )
+        return output
+
+    return call
 
 
 def make_step(path: str, length: int, device: str, dtype: Any, batch: int, heads: int) -> Callable[[], None]:
@@ -71,31 +102,17 @@ def make_step(path: str, length: int, device: str, dtype: Any, batch: int, heads
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     elif path in ("zpx_materialised", "zpx_sdpa"):
-        from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention
-
-        op = functools.partial(zpx_attention, kernel="naive" if path == "zpx_materialised" else "cpu")
+        op = zpx_op("naive" if path == "zpx_materialised" else "cpu")
         q, k, v = (make(batch, heads, length, d) for _ in range(3))
         pre = [make(batch, heads, length, PHASE_CHANNELS) for _ in range(3)]
 
         def run() -> Any:
-            features = phase_key_features(phase_coordinates(*pre, 4.0)).to(dtype)
-            out, _ = op(
-                q,
-                torch.cat((k, features), -1),
-                v,
-                features,
-                None,
-                causal=True,
-                scaling=d**-0.5,
-                lambda_angle=1.0,
-                lambda_sphere=1.0,
-            )
-            return out
+            return op(q, k, v, pre)
 
     elif path in ("pct_reference", "pct_triton"):
         from zpx_hf.ops_pct import pct_attention
 
-        kernel = "tiled" if path == "pct_reference" else "triton"
+        kernel = "cpu" if path == "pct_reference" else "triton"
         q, k = make(batch, heads, length, d, scale=d**-0.5), make(batch, heads, length, d, scale=d**-0.5)
         v = make(batch, heads, length, d)
         tau = torch.full((heads,), d**0.5 / 2**0.5, device=device, requires_grad=True)
@@ -139,8 +156,18 @@ def worker(path: str, length: int, device: str, batch: int, heads: int, repeats:
     dtype = torch.bfloat16 if device == "cuda" and path != "rra_scan" else torch.float32
     step = make_step(path, length, device, dtype, batch, heads)
     peak = peak_memory(step, device)  # before the timed calls: a warm-up would hide the CPU peak (measure.py)
-    times, _ = interleaved_times({path: step}, rounds=repeats, warmup=1, device=device)
-    return {"ms": medians(times)[path] * 1e3, "peak_mib": peak / 2**20, "dtype": str(dtype).replace("torch.", "")}
+    runs = {path: step}
+    if path != BASELINE:  # the baseline takes turns with the path in the same rounds, same shape and dtype
+        runs[BASELINE] = make_step(BASELINE, length, device, dtype, batch, heads)
+    times, errors = interleaved_times(runs, rounds=repeats, warmup=1, device=device)
+    if errors:  # the cause, not a KeyError on the missing median
+        raise RuntimeError("; ".join(f"{name}: {error}" for name, error in errors.items()))
+    return {
+        "ms": medians(times)[path] * 1e3,
+        "x_sdpa": median_ratio(times, path, BASELINE),
+        "peak_mib": peak / 2**20,
+        "dtype": str(dtype).replace("torch.", ""),
+    }
 
 
 def run_point(spec: list[Any], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -186,8 +213,10 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         "Forward + backward of one attention op, causal, 64 features per head "
         "(ZPX: + 5 x 4 phase features; PCT: complex d = 32; GPA/RRA: 2 multivector channels). "
-        "Cells: time ms / peak MiB. CPU times are wall-clock medians on a machine that may be shared "
-        "(noisy, compare orders of magnitude); CPU memory is the peak-RSS growth of a fresh process.",
+        "Cells: time ms (x softmax SDPA) / peak MiB; the ratio is the median of per-round ratios to softmax SDPA "
+        "at the same shape and dtype, timed in turns with the path in its worker. CPU times are wall-clock "
+        "medians on a machine that may be shared (noisy, compare orders of magnitude); CPU memory is the "
+        "peak-RSS growth of a fresh process.",
     ]
     for device in sorted({r["device"] for r in rows}):
         sub = [r for r in rows if r["device"] == device]
@@ -209,7 +238,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                     continue
                 seen = True
                 if r["status"] == "ok":
-                    cells.append(f"{r['ms']:.1f} / {r['peak_mib']:.0f}")
+                    cells.append(f"{r['ms']:.1f} ({r['x_sdpa']:.2f}x) / {r['peak_mib']:.0f}")
                 else:
                     cells.append(r["status"].split(":")[0])
             if seen:
@@ -286,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     stem = args.output / args.tag
     with open(stem.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["device", "dtype", "path", "L", "ms", "peak_mib", "status"])
+        writer = csv.DictWriter(f, fieldnames=["device", "dtype", "path", "L", "ms", "x_sdpa", "peak_mib", "status"])
         writer.writeheader()
         for row in rows:
             writer.writerow({k: row.get(k, "") for k in writer.fieldnames})

@@ -9,9 +9,9 @@ load from other processes hits both trees alike; the table gives each tree's med
 median of the per-round ratios measured tree / baseline, in wall time and in the worker's CPU time
 (`time.process_time`: on a machine shared with other jobs it counts only the step's own work).
 
-Usage:  git worktree add /tmp/baseline <rev>
-        python benchmarks/bench_padded_regression.py --baseline /tmp/baseline --baseline-name <rev>
-        [--tree /tmp/other --name <rev2>]   (the tree measured: this checkout unless given)
+Usage:  git worktree add ../baseline <rev>
+        python benchmarks/bench_padded_regression.py --baseline ../baseline --baseline-name <rev>
+        [--tree ../other --name <rev2>]   (the tree measured: this checkout unless given)
 Writes benchmarks/results/bench_padded_regression.md and .csv (`--quick`: tiny sizes, prints only).
 """
 

@@ -39,12 +39,14 @@ def worker(size: dict) -> dict:
     import torch
     import torch.nn.functional as F
 
+    from zpx_hf.modeling_blocks import row_major_transpose
+
     torch.set_num_threads(1)
     generator = torch.Generator().manual_seed(0)
     out = {}
     for name, k, n in SHAPES:
         weight = torch.randn(n, k, generator=generator)
-        weight_t = weight.t().contiguous()  # row-major W^T, what `row_major_transpose` stores
+        weight_t = row_major_transpose([weight])  # the row-major W^T the models keep (one weight here)
         for rows in size["rows"]:
             x = torch.randn(rows, k, generator=generator)
 

@@ -5,7 +5,7 @@
     python benchmarks/bench_step.py --families pct versor-rra
 
 Models (vocabulary 260, 4 layers, 4 heads; every model through the public `AutoModelForCausalLM.from_config`
-with `attn_implementation="sdpa"`, each family's fast path, falling back to the class default):
+with `attn_implementation="sdpa"`, each family's fast path):
   llama          transformers `LlamaForCausalLM`, hidden 256, intermediate 688: the baseline
   zpx            `ZPXConfig`, same sizes as Llama (8 phase channels, SRPE)
   pct            `PCTConfig`, parameter-matched to Llama: real hidden width sqrt(2) x 256 (complex 181 -> 184:
@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from measure import clock, interleaved_times, medians, peak_memory, run_worker  # benchmarks/measure.py
+from measure import clock, interleaved_times, median_ratio, medians, peak_memory, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FAMILIES = ("zpx", "pct", "versor-rra", "versor-gpa", "versor-hybrid")
@@ -121,11 +121,7 @@ def build(name: str, size: dict, llama_params: int) -> Any:
     import zpx_hf  # noqa: F401  (registers the families with the Auto classes)
 
     config = llama_config(size) if name == "llama" else family_config(name, size, llama_params)
-    try:
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    except ValueError:  # a class that does not declare SDPA support: its default implementation
-        model = AutoModelForCausalLM.from_config(config)
-    return model
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
 
 
 def build_all(names: list[str], size: dict) -> tuple[dict, dict]:
@@ -144,6 +140,9 @@ def build_all(names: list[str], size: dict) -> tuple[dict, dict]:
 
 
 def summarise(times: dict, errors: dict, build_errors: dict, models: dict) -> dict:
+    """{name: {"seconds" (median), "params", "ratio", "speed_ratio"} or {"error"}}: "ratio" = median over the
+    rounds of the model's time / Llama's in the same round, "speed_ratio" of Llama's / the model's (both absent
+    when Llama failed)."""
     seconds = medians(times)
     out = {}
     for name in list(models) + list(build_errors):
@@ -152,6 +151,9 @@ def summarise(times: dict, errors: dict, build_errors: dict, models: dict) -> di
         else:
             params = sum(p.numel() for p in models[name].parameters())
             out[name] = {"seconds": seconds[name], "params": params}
+            if "llama" in models and "llama" not in errors:
+                out[name]["ratio"] = median_ratio(times, name, "llama")
+                out[name]["speed_ratio"] = median_ratio(times, "llama", name)
     return out
 
 
@@ -291,18 +293,12 @@ def report(results: dict, names: list[str], size: dict, command: str, seconds: f
             if key not in result:
                 row[kind] = "error: " + result.get("error", "not run")
                 continue
-            if kind == "generate":
-                value = size["new_tokens"] / result["seconds"]
-                ratio = value / (size["new_tokens"] / base["seconds"]) if "seconds" in base else float("nan")
-            elif kind in decodes:  # ms per token; ratio as speed (Llama time / model time), like generation
-                value = result["seconds"] * 1e3
-                ratio = base["seconds"] / result["seconds"] if "seconds" in base else float("nan")
-            elif kind == memory:
+            if kind == memory:  # one fresh worker per model: a ratio of the two peaks
                 value = result["peak_bytes"] / 2**20
                 ratio = result["peak_bytes"] / base["peak_bytes"] if "peak_bytes" in base else float("nan")
-            else:
-                value = result["seconds"] * 1e3
-                ratio = result["seconds"] / base["seconds"] if "seconds" in base else float("nan")
+            else:  # ratios from the same rounds (summarise); generation and decode as speed, Llama / model
+                value = size["new_tokens"] / result["seconds"] if kind == "generate" else result["seconds"] * 1e3
+                ratio = result.get("speed_ratio" if kind == "generate" or kind in decodes else "ratio", float("nan"))
             row[kind], row[kind + " ratio"] = round(value, 2), round(ratio, 3)
         for kind in [f"train-{length}" for length in size["lengths"]]:
             cells.append(_cell(row, kind, "{:,.0f}"))

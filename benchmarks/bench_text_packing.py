@@ -4,6 +4,9 @@ The baseline, measured in the same run, is encoding the text to token ids once (
 so a linear `pack_documents` keeps a constant ratio to it as the paragraph grows; the quadratic one (cutting the
 head off the token stream after every block) took 2.2 / 9.6 / 40.6 / 171 s at 0.5 / 1 / 2 / 4 MB.
 
+Times are medians of interleaved rounds and pack / encode the median of the per-round ratios, as every benchmark
+measures (benchmarks/measure.py).
+
 Usage:  python benchmarks/bench_text_packing.py [--sizes-mb 0.5 1 2 4 8] [--seq-len 128]
 Writes benchmarks/results/bench_text_packing.md.
 """
@@ -15,7 +18,7 @@ import platform
 import time
 from pathlib import Path
 
-from measure import interleaved_times  # benchmarks/measure.py
+from measure import interleaved_times, median_ratio, medians  # benchmarks/measure.py
 
 from zpx_hf.tokenization_bytes import text_to_ids
 from zpx_hf_train.data_tasks import pack_documents
@@ -24,12 +27,14 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SENTENCE = "The quick brown fox jumps over the lazy dog; "
 
 
-def best_of(repeats: int, runs: dict) -> dict[str, float]:
-    """Fastest of `repeats` interleaved rounds per run (the least the work takes: noise only adds time)."""
+def measure_packing(repeats: int, runs: dict) -> tuple[float, float, float]:
+    """(encode s, pack s, pack / encode): medians of `repeats` interleaved rounds, the ratio the median of the
+    per-round ratios (benchmarks/measure.py)."""
     times, errors = interleaved_times(runs, rounds=repeats, warmup=0)
     if errors:
         raise RuntimeError(str(errors))
-    return {name: min(values) for name, values in times.items()}
+    seconds = medians(times)
+    return seconds["encode"], seconds["pack"], median_ratio(times, "pack", "encode")
 
 
 def main() -> None:
@@ -44,26 +49,26 @@ def main() -> None:
     rows = []
     for size in args.sizes_mb:
         paragraph = (SENTENCE * (int(size * 1e6) // len(SENTENCE) + 1))[: int(size * 1e6)]
-        best = best_of(
+        encode, pack, ratio = measure_packing(
             args.repeats,
             {
                 "encode": lambda text=paragraph: text_to_ids(text),
                 "pack": lambda text=paragraph: pack_documents([text], args.seq_len),
             },
         )
-        encode, pack = best["encode"], best["pack"]
-        rows.append((size, encode, pack))
-        print(f"{size:g} MB: encode {encode:.3f} s, pack {pack:.3f} s, ratio {pack / encode:.1f}", flush=True)
+        rows.append((size, encode, pack, ratio))
+        print(f"{size:g} MB: encode {encode:.3f} s, pack {pack:.3f} s, ratio {ratio:.1f}", flush=True)
     if args.quick:
         return
     lines = [
         f"Measured by `python benchmarks/bench_text_packing.py` on {time.strftime('%Y-%m-%d')} ({platform.machine()}, "
-        f"Python {platform.python_version()}, best of {args.repeats}), one paragraph, seq_len {args.seq_len}:",
+        f"Python {platform.python_version()}, median of {args.repeats} interleaved rounds; pack / encode = median "
+        f"of the per-round ratios), one paragraph, seq_len {args.seq_len}:",
         "",
         "| paragraph | encode once (s) | pack_documents (s) | pack / encode |",
         "|---|---|---|---|",
     ]
-    lines += [f"| {size:g} MB | {encode:.3f} | {pack:.3f} | {pack / encode:.1f} |" for size, encode, pack in rows]
+    lines += [f"| {size:g} MB | {encode:.3f} | {pack:.3f} | {ratio:.1f} |" for size, encode, pack, ratio in rows]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench_text_packing.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 

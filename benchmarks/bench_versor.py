@@ -4,7 +4,7 @@ Forward + backward of one op call, B=1, causal:
 
 GPA, H=2 heads, c=2 multivector channels per head (D=64), `geometric_product_attention(kernel=...)`:
 * `gpa-naive`      materialises the [B, H, L, L, 11] scalar/bivector products (the reference)
-* `gpa-chunked`    query panels x causal key blocks, online softmax, recomputing backward: O(L) memory
+* `gpa-chunked`    kernel "cpu": query panels x causal key blocks, online softmax, recomputing backward: O(L) memory
 * `gpa-triton`     the flash-style kernel (CUDA only: on CPU Triton only has its interpreter)
 * `sdpa`           torch SDPA softmax attention on the same q, k, v (the baseline of the ratios)
 On CPU the GPA times come from one process per L that runs the methods interleaved, round after round
@@ -13,8 +13,8 @@ fresh process per method and L.
 
 RRA, H=4 rotor heads, c=2 value channels per head (the whole op, default accumulate="compact": rotor
 exponentials, scan, sandwich; the state it carries is one rotor, [B, H, 32] float32, whatever L):
-* `rra-sequential` the loop R_t = R_{t-1} dR_t with matrix exponentials (the reference)
-* `rra-scan`       closed-form rotors, log-depth scan, structure-of-arrays complex products
+* `rra-sequential` kernel "naive": the loop R_t = R_{t-1} dR_t with matrix exponentials (the reference)
+* `rra-scan`       kernel "cpu": closed-form rotors, log-depth scan, structure-of-arrays complex products
 * `rra-triton`     the Triton scan kernel (CUDA only)
 * `rra-sdpa`       torch SDPA, causal, on q, k, v of the same B, H and width (D = 32 c = 64): the baseline
 On CPU the RRA times come from one process per L running the methods interleaved (`--rra-rounds`,
@@ -38,7 +38,7 @@ import json
 import os
 from pathlib import Path
 
-from measure import interleaved_times, medians, peak_memory, run_worker  # benchmarks/measure.py
+from measure import interleaved_times, median_ratio, medians, peak_memory, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GPA_METHODS = ("gpa-naive", "gpa-chunked", "gpa-triton", "sdpa")
@@ -47,6 +47,9 @@ GPA_HEADS, GPA_CHANNELS = 2, 2
 RRA_METHODS = ("rra-sequential", "rra-scan", "rra-triton", "rra-sdpa")
 RRA_CPU_METHODS = ("rra-sdpa", "rra-scan", "rra-sequential")
 RRA_HEADS, RRA_CHANNELS = 4, 2
+# each method's `kernel=` in the ops' one vocabulary (ops_common.KERNEL_NAMES); the labels are the results'
+KERNELS = {"gpa-naive": "naive", "gpa-chunked": "cpu", "gpa-triton": "triton"}
+KERNELS.update({"rra-sequential": "naive", "rra-scan": "cpu", "rra-triton": "triton"})
 
 
 def worker(method: str, length: int, device: str, dtype_name: str) -> dict:
@@ -64,7 +67,9 @@ def worker(method: str, length: int, device: str, dtype_name: str) -> dict:
             leaf.grad = None
 
     peak = peak_memory(step, device)  # before any other call: a warm-up would hide the CPU peak (measure.py)
-    times, _ = interleaved_times({method: step}, rounds=5 if device == "cuda" else 2, warmup=0, device=device)
+    times, errors = interleaved_times({method: step}, rounds=5 if device == "cuda" else 2, warmup=0, device=device)
+    if errors:
+        raise RuntimeError(errors[method])
     seconds = medians(times)[method]
     return {"ms": seconds * 1e3, "us_per_token": seconds * 1e6 / length, "peak_mib": peak / 2**20}
 
@@ -82,7 +87,7 @@ def gpa_op(method: str, length: int, device: str, dtype):
     gamma = torch.full((GPA_HEADS,), 0.1, device=device, requires_grad=True)
     if method == "sdpa":
         return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), (q, k, v)
-    kernel = method.removeprefix("gpa-")
+    kernel = KERNELS[method]
     return (lambda: geometric_product_attention(q, k, v, gamma, causal=True, kernel=kernel)), (q, k, v, gamma)
 
 
@@ -102,13 +107,13 @@ def rra_op(method: str, length: int, device: str, dtype):
     bivectors = torch.tanh(torch.randn(1, length, RRA_HEADS, 10, device=device, generator=generator))
     values = torch.randn(1, length, RRA_HEADS, RRA_CHANNELS, 32, device=device, generator=generator).to(dtype)
     leaves = (bivectors.requires_grad_(), values.requires_grad_())
-    kernel = method.removeprefix("rra-")
+    kernel = KERNELS[method]
     return (lambda: recursive_rotor_accumulator(*leaves, kernel=kernel)[0]), leaves
 
 
 def gpa_time_worker(length: int, methods: list[str], rounds: int) -> dict:
-    """CPU, 1 thread: the methods' forward + backward interleaved, `rounds` times after a warm-up round; median
-    ms per method."""
+    """CPU, 1 thread: the methods' forward + backward interleaved, `rounds` times after a warm-up round; per
+    method the median ms and the median of its per-round time ratio to `methods[0]` (the SDPA baseline)."""
     import torch
 
     torch.set_num_threads(1)
@@ -125,7 +130,8 @@ def gpa_time_worker(length: int, methods: list[str], rounds: int) -> dict:
     times, errors = interleaved_times(steps, rounds)
     if errors:
         raise RuntimeError("; ".join(f"{method}: {error}" for method, error in errors.items()))
-    return {method: seconds * 1e3 for method, seconds in medians(times).items()}
+    ms = medians(times)
+    return {method: {"ms": ms[method] * 1e3, "ratio": median_ratio(times, method, methods[0])} for method in methods}
 
 
 def gpa_cpu_sweep(
@@ -143,7 +149,7 @@ def gpa_cpu_sweep(
             if "error" in times or "error" in memory:
                 rows[(method, length)] = {"error": times.get("error") or memory["error"]}
             else:
-                rows[(method, length)] = {"ms": times[method], "peak_mib": memory["peak_mib"]}
+                rows[(method, length)] = {**times[method], "peak_mib": memory["peak_mib"]}
             print(method, length, rows[(method, length)], flush=True)
     return rows
 
@@ -151,7 +157,8 @@ def gpa_cpu_sweep(
 def gpa_ratio_table(
     rows: dict, lengths: list[int], rounds: int, methods: tuple = GPA_CPU_METHODS, title: str | None = None
 ) -> list[str]:
-    """Per L and method: median ms, x SDPA time, peak MiB, x SDPA memory (the baseline: `methods[0]`)."""
+    """Per L and method: median ms, x SDPA time (median of the per-round ratios), peak MiB, x SDPA memory (the
+    baseline: `methods[0]`)."""
     lines = [
         title
         or f"GPA, forward + backward, B=1, H={GPA_HEADS}, {GPA_CHANNELS} multivector channels per head "
@@ -172,7 +179,7 @@ def gpa_ratio_table(
                 continue
             memory_ratio = row["peak_mib"] / max(base["peak_mib"], 1.0)
             lines.append(
-                f"| {length} | {method} | {row['ms']:,.1f} | {row['ms'] / base['ms']:.2f} | "
+                f"| {length} | {method} | {row['ms']:,.1f} | {row['ratio']:.2f} | "
                 f"{row['peak_mib']:,.0f} | {memory_ratio:.1f} |"
             )
     return lines + [""]

@@ -9,7 +9,7 @@
    none, one timed round each: the padded path builds masks per query panel, never L x L,
    so its peak stays within 2x. Written to zpx_memory_padded_<device>.md; `--padded-only` runs just these.
 2. One training step (forward + backward + AdamW) of `ZPXForCausalLM` vs `LlamaForCausalLM` of
-   the same size, both on SDPA.
+   the same size, both on SDPA, taking turns in one process; ratio = median of the per-round ratios.
 
 Usage:  python benchmarks/bench_zpx_memory.py [--lengths 512 1024 2048 4096] [--device cpu|cuda]
 Writes benchmarks/results/zpx_memory_<device>.md and .csv.
@@ -22,7 +22,8 @@ import csv
 import json
 from pathlib import Path
 
-from measure import interleaved_times, medians, peak_memory, run_worker  # benchmarks/measure.py
+from bench_attention import zpx_op  # benchmarks/bench_attention.py
+from measure import interleaved_times, median_ratio, medians, peak_memory, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -33,10 +34,8 @@ def attention_worker(
     """`path`: "materialised" (kernel naive), "sdpa" (kernel cpu) or "sdpa-padded" (cpu, one padded key)."""
     import torch
 
-    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention
-
     torch.manual_seed(0)
-    kernel = "naive" if path == "materialised" else "cpu"
+    op = zpx_op("naive" if path == "materialised" else "cpu")
     padding = None
     if path == "sdpa-padded":
         padding = torch.ones(1, length, dtype=torch.bool, device=device)
@@ -50,30 +49,19 @@ def attention_worker(
     pre = [make(1, heads, length, channels) for _ in range(3)]
 
     def step():
-        features = phase_key_features(phase_coordinates(*pre, 4.0))
-        key_aug = torch.cat((k, features), -1)
-        out, _ = zpx_attention(
-            q,
-            key_aug,
-            v,
-            features,
-            padding,
-            causal=True,
-            scaling=head_dim**-0.5,
-            lambda_angle=1.0,
-            lambda_sphere=1.0,
-            kernel=kernel,
-        )
-        out.sum().backward()
+        op(q, k, v, pre, padding).sum().backward()
 
     peak = peak_memory(step, device)  # before any timing: see benchmarks/measure.py
     rounds = max(repeats, 1)  # repeats=0: one timed round (long padded points)
-    times, _ = interleaved_times({"op": step}, rounds=rounds, warmup=0, device=device)
+    times, errors = interleaved_times({"op": step}, rounds=rounds, warmup=0, device=device)
+    if errors:
+        raise RuntimeError(errors["op"])
     return {"ms": medians(times)["op"] * 1e3, "peak_mib": peak / 2**20}
 
 
 def step_worker(device: str, length: int, batch: int) -> dict:
-    """Llama and ZPX steps take turns in one process (fair under background load); median ms."""
+    """Llama and ZPX steps take turns in one process (fair under background load); median ms, and ZPX's ratio
+    to Llama as the median of the per-round ratios."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -95,10 +83,15 @@ def step_worker(device: str, length: int, batch: int) -> dict:
         optimizer.zero_grad(set_to_none=True)
 
     runs = {name: (lambda pair=pair: step(*pair)) for name, pair in models.items()}
-    times, _ = interleaved_times(runs, rounds=10, warmup=2, device=device)
+    times, errors = interleaved_times(runs, rounds=10, warmup=2, device=device)
+    if errors:  # the worker's error names the model and the cause (else a KeyError on its missing median)
+        raise RuntimeError("; ".join(f"{name}: {error}" for name, error in errors.items()))
     ms = medians(times)
     params = {name: sum(p.numel() for p in model.parameters()) for name, (model, _) in models.items()}
-    return {name: {"ms": ms[name] * 1e3, "params": params[name]} for name in runs}
+    return {
+        name: {"ms": ms[name] * 1e3, "params": params[name], "ratio": median_ratio(times, name, "llama")}
+        for name in runs
+    }
 
 
 def main() -> None:
@@ -131,9 +124,11 @@ def main() -> None:
             spec = ["attention", path, length, args.device, args.heads, args.head_dim, args.channels, 0]
             padded_rows.append({"L": length, "path": path, **run_worker(__file__, spec, timeout=3600)})
             print(padded_rows[-1], flush=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
     if padded_rows:
-        write_padded(padded_rows, args)
+        lines = padded_table(padded_rows, args)
+        print("\n".join(lines))
+        if not args.quick:
+            write_results(RESULTS / f"zpx_memory_padded_{args.device}", padded_rows, lines)
     if args.padded_only:
         return
 
@@ -148,11 +143,6 @@ def main() -> None:
         steps = {"llama": steps, "zpx": steps}
     print(steps, flush=True)
 
-    def cell(row: dict, key: str, fmt: str) -> str:
-        return format(row[key], fmt) if key in row else f"failed ({row.get('error', '?')[:40]})"
-
-    stem = RESULTS / f"zpx_memory_{args.device}"
-    write_csv(stem, rows)
     by = {(r["L"], r["path"]): r for r in rows}
     lines = [
         f"ZPX attention, forward + backward, B=1, H={args.heads}, d={args.head_dim}, C={args.channels}, fp32, "
@@ -179,15 +169,21 @@ def main() -> None:
     ]
     for name, result in (("LlamaForCausalLM", llama), ("ZPXForCausalLM (C=8, SRPE)", zpx)):
         if "ms" in result:
-            ratio = result["ms"] / llama["ms"] if "ms" in llama else float("nan")
-            lines.append(f"| {name} | {result['params']:,} | {result['ms']:.1f} | {ratio:.2f}x |")
+            lines.append(f"| {name} | {result['params']:,} | {result['ms']:.1f} | {result['ratio']:.2f}x |")
         else:
             lines.append(f"| {name} | - | failed ({result.get('error', '?')[:40]}) | - |")
     print("\n".join(lines))
-    if args.quick:
-        return
+    if not args.quick:
+        write_results(RESULTS / f"zpx_memory_{args.device}", rows, lines)
+
+
+def cell(row: dict, key: str, fmt: str) -> str:
+    return format(row[key], fmt) if key in row else f"failed ({row.get('error', '?')[:40]})"
+
+
+def write_results(stem: Path, rows: list[dict], lines: list[str]) -> None:
+    """<stem>.csv (one row per point) and <stem>.md (the table)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"zpx_memory_{args.device}"
     with open(stem.with_suffix(".csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["L", "path", "ms", "peak_mib", "error"])
         writer.writeheader()
@@ -196,22 +192,8 @@ def main() -> None:
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
-def cell(row: dict, key: str, fmt: str) -> str:
-    return format(row[key], fmt) if key in row else f"failed ({row.get('error', '?')[:40]})"
-
-
-def write_csv(stem: Path, rows: list[dict]) -> None:
-    with open(stem.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["L", "path", "ms", "peak_mib", "error"])
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({key: row.get(key, "") for key in writer.fieldnames})
-
-
-def write_padded(rows: list[dict], args: argparse.Namespace) -> None:
-    """zpx_memory_padded_<device>.md / .csv: the padded fast path's peak against the unpadded one."""
-    stem = RESULTS / f"zpx_memory_padded_{args.device}"
-    write_csv(stem, rows)
+def padded_table(rows: list[dict], args: argparse.Namespace) -> list[str]:
+    """zpx_memory_padded_<device>.md: the padded fast path's peak against the unpadded one."""
     by = {(r["L"], r["path"]): r for r in rows}
     lines = [
         f"ZPX attention (kernel `cpu`), forward + backward, one call, B=1, H={args.heads}, d={args.head_dim}, "
@@ -229,8 +211,7 @@ def write_padded(rows: list[dict], args: argparse.Namespace) -> None:
             f"| {length} | {cell(u, 'peak_mib', '.0f')} | {cell(p, 'peak_mib', '.0f')} | {ratio} | "
             f"{cell(u, 'ms', '.0f')} | {cell(p, 'ms', '.0f')} |"
         )
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return lines
 
 
 def _cuda() -> bool:

@@ -4,12 +4,12 @@
     python benchmarks/gpu_check.py --quick         # correctness only, smaller shapes
 
 Checks (forward and every gradient, odd lengths, causal and not, fp32 / fp16 / bf16):
-  PCT sigmoid attention   pct_attention kernel 'triton' vs 'tiled'            grads q, k, v, tau, b (+ padding mask)
-  Versor GPA              gpa_triton vs gpa_naive (+ key padding, Lq < Lk)    grads q, k, v, gamma
-  Versor RRA              op triton vs sequential, compact + full (fp32)      grads bivectors, value, initial
+  PCT sigmoid attention   pct_attention kernel 'triton' vs 'cpu'              grads q, k, v, tau, b (+ padding mask)
+  Versor GPA              kernel 'triton' vs 'naive' (+ key padding, Lq < Lk) grads q, k, v, gamma
+  Versor RRA              op 'triton' vs 'naive', compact + full (fp32)       grads bivectors, value, initial
   RRA stability           |R ~R - 1| after a 16,384-token rotation scan on the Triton path
   ZPX                     SDPA fast form (fp32/fp16/bf16) vs the materialised form in fp32 (no Triton kernel)
-  models                  PCT and Versor models with kernels "triton" vs "reference": logits and grad norms
+  models                  PCT and Versor models, attn_implementation "sdpa" (Triton) vs "eager": logits, grads
 
 The reference always runs in fp32 on the same (rounded) inputs; the error of a tensor is
 max |x - ref| / max |ref| (relative to its scale), with limits fp32 2e-3 (TF32 dots), fp16 1e-2, bf16 4e-2
@@ -35,9 +35,9 @@ SMOKE = False
 
 
 def rel_error(actual: Any, expected: Any) -> float:
-    expected = expected.float()
+    expected = expected.detach().float()
     scale = float(expected.abs().max()) or 1.0
-    return float((actual.float() - expected).abs().max()) / scale
+    return float((actual.detach().float() - expected).abs().max()) / scale
 
 
 def compare(
@@ -115,7 +115,7 @@ def check_pct(rows: list[dict[str, Any]], dtypes: list[Any], quick: bool) -> Non
                     compare(
                         f"pct L={lq} D={dim} causal={causal} mask={masked}",
                         lambda *a, m=mask, c=causal: pct_attention(*a, causal=c, key_padding_mask=m, kernel="triton"),
-                        lambda *a, m=mask, c=causal: pct_attention(*a, causal=c, key_padding_mask=m, kernel="tiled"),
+                        lambda *a, m=mask, c=causal: pct_attention(*a, causal=c, key_padding_mask=m, kernel="cpu"),
                         [q, k, v, tau, bias],
                         ["dq", "dk", "dv", "dtau", "dbias"],
                         dtype,
@@ -187,7 +187,7 @@ def check_rra(rows: list[dict[str, Any]], quick: bool) -> None:
 
         return run
 
-    # (B, L, H): the whole op (closed-form rotors, Triton scan, sandwich) vs the sequential reference
+    # (B, L, H): the whole op (closed-form rotors, Triton scan, sandwich) vs the sequential reference ('naive')
     cases = [(1, 1, 1), (2, 37, 3), (2, 513, 8)] + ([] if quick else [(4, 2049, 8)])
     for batch, length, heads in cases[:2] if SMOKE else cases:
         g = torch.Generator(device=DEVICE).manual_seed(length)
@@ -222,8 +222,7 @@ def check_rra(rows: list[dict[str, Any]], quick: bool) -> None:
 
 def check_zpx(rows: list[dict[str, Any]], dtypes: list[Any]) -> None:
     import torch
-
-    from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention
+    from bench_attention import zpx_op  # this script's folder is on sys.path when run as a script
 
     batch, heads, length, dim, channels = (1, 2, 33, 64, 4) if SMOKE else (2, 4, 257, 64, 4)
     g = torch.Generator(device=DEVICE).manual_seed(0)
@@ -233,22 +232,8 @@ def check_zpx(rows: list[dict[str, Any]], dtypes: list[Any]) -> None:
         x.requires_grad_(True)
 
     def run(kernel: str) -> Callable[..., Any]:
-        def call(q: Any, k: Any, v: Any, a: Any, b: Any, c: Any) -> Any:
-            features = phase_key_features(phase_coordinates(a, b, c, 4.0)).to(q.dtype)
-            return zpx_attention(
-                q,
-                torch.cat((k, features), -1),
-                v,
-                features,
-                None,
-                causal=True,
-                scaling=dim**-0.5,
-                lambda_angle=1.0,
-                lambda_sphere=1.0,
-                kernel=kernel,
-            )[0]
-
-        return call
+        op = zpx_op(kernel)
+        return lambda q, k, v, *pre: op(q, k, v, pre)
 
     for dtype in dtypes:
         compare(
@@ -274,10 +259,12 @@ def check_models(rows: list[dict[str, Any]]) -> None:
     cases = [("pct model", PCTConfig, {}), ("versor hybrid model", VersorConfig, {"mixer": "hybrid"})]
     for name, config_class, extra in cases:
         size = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2}
-        config = config_class(**size, **extra)
+        # one config each: from_config sets the implementation on the config it is given, so a shared config
+        # would leave both models on the last one ("eager" vs "eager", an error of exactly 0)
         torch.manual_seed(0)
-        model_fast = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(DEVICE)
-        model_slow = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(DEVICE)
+        model_fast = AutoModelForCausalLM.from_config(config_class(**size, **extra), attn_implementation="sdpa")
+        model_slow = AutoModelForCausalLM.from_config(config_class(**size, **extra), attn_implementation="eager")
+        model_fast, model_slow = model_fast.to(DEVICE), model_slow.to(DEVICE)
         model_slow.load_state_dict(model_fast.state_dict())
         out_fast = model_fast(input_ids=ids, labels=ids, use_cache=False)
         out_slow = model_slow(input_ids=ids, labels=ids, use_cache=False)
@@ -338,7 +325,8 @@ def report(checks: list[dict[str, Any]], bench: list[dict[str, Any]], meta: dict
         lines += [
             "",
             "Forward + backward, B=2, H=8, 64 features per head, causal, bf16 (RRA fp32); "
-            "wall-clock median ms / peak MiB (benchmarks/measure.py):",
+            "wall-clock median ms (x softmax SDPA at the same shape, from the same rounds) / peak MiB "
+            "(benchmarks/measure.py):",
             "",
             "| path | " + " | ".join(f"L={n}" for n in lengths) + " |",
             "|---|" + "---:|" * len(lengths),
@@ -350,7 +338,7 @@ def report(checks: list[dict[str, Any]], bench: list[dict[str, Any]], meta: dict
                 if r is None:
                     cells.append("-")
                 elif r["status"] == "ok":
-                    cells.append(f"{r['ms']:.2f} / {r['peak_mib']:.0f}")
+                    cells.append(f"{r['ms']:.2f} ({r['x_sdpa']:.2f}x) / {r['peak_mib']:.0f}")
                 else:
                     cells.append(r["status"].split(" (")[0])
             lines.append(f"| {path} | " + " | ".join(cells) + " |")

@@ -9,7 +9,10 @@ a first call, and a fresh worker process per point.
 * Peak memory: bytes a call adds at its peak over what existed before it (`peak_memory`). On the CPU it is the
   growth of the process's peak RSS over the RSS just before the *first* call, in a fresh worker process: a
   warm-up call would leave the allocator holding the op's buffers, so the measured call would reuse them and
-  the op's peak would disappear from the RSS. On CUDA it is `torch.cuda.max_memory_allocated` above the
+  the op's peak would disappear from the RSS. The peak is the process's own high-water mark (VmHWM, reset to
+  the current RSS just before the call), not getrusage's ru_maxrss: Linux carries the parent's peak into a
+  child across fork + exec, so a fresh worker's ru_maxrss starts at its driver's peak and would hide any op
+  that peaks below it. On CUDA it is `torch.cuda.max_memory_allocated` above the
   memory allocated before the call, after one warm-up call: the CUDA allocator's statistics count live
   tensors, not cached blocks, so a warm-up hides nothing there and keeps Triton's compilation and autotuning
   buffers out of the figure.
@@ -21,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -85,18 +87,29 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def peak_rss_growth(base: int) -> int:
-    """Growth of this process's peak RSS over `base` bytes."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+def peak_rss_bytes() -> int:
+    """This process's own peak resident set size since the last `reset_peak_rss` (VmHWM; module docstring)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no VmHWM line: CPU peak memory needs Linux")
+
+
+def reset_peak_rss() -> None:
+    """Lower this process's peak RSS to its current RSS (Linux >= 4.0, `/proc/self/clear_refs` value 5)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def peak_memory(call: Callable[[], Any], device: str = "cpu") -> int:
     """Peak bytes `call` adds over what exists before it (see the module docstring for why the CPU measures the
     first call and CUDA the call after one warm-up). Call it once per fresh worker process on the CPU."""
     if not str(device).startswith("cuda"):
+        reset_peak_rss()
         base = rss_bytes()
         call()
-        return max(peak_rss_growth(base), 0)
+        return max(peak_rss_bytes() - base, 0)
     import torch
 
     call()  # compilation, autotuning
