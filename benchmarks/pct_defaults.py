@@ -142,20 +142,26 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+def finished_rows(task: str, steps: int) -> list[dict[str, Any]]:
+    """The finished rows of `task` at this budget and step count (a changed budget or --steps runs again)."""
+    spec = sweep_spec(task, steps)
+    budget = spec.budgets[TASKS[task][0]].fingerprint()
+    return [
+        r
+        for r in read_rows(STEM.with_suffix(".jsonl"))
+        if r.get("task", "passkey") == task
+        and r.get("status") == "ok"
+        and r["budget"] == budget
+        and r.get("steps") == steps
+    ]
+
+
 def render_task(task: str, steps: int) -> list[str]:
     spec = sweep_spec(task, steps)
     name, _, metric = TASKS[task]
     budget = spec.budgets[name]
     length = trained_length(task, steps)
-    rows = [
-        r
-        for r in read_rows(STEM.with_suffix(".jsonl"))
-        if r.get("task", "passkey") == task
-        and r.get("status") == "ok"
-        and r["budget"] == budget.fingerprint()
-        and r.get("steps") == steps
-        and r.get("arm") in ARMS
-    ]
+    rows = [r for r in finished_rows(task, steps) if r.get("arm") in ARMS]
     extra = " and at 8x" if task == "passkey" else ""
     lines = [
         f"## {task}: {steps} steps, lr {LR:g}, trained length {length}",
@@ -251,15 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.report:
         print(render(commands, steps))
         return
-    budget = sweep_spec(args.task, steps[args.task]).budgets[TASKS[args.task][0]].fingerprint()
-    done = {
-        (r["arm"], r["seed"])
-        for r in read_rows(STEM.with_suffix(".jsonl"))
-        if r.get("task", "passkey") == args.task
-        and r.get("status") == "ok"
-        and r["budget"] == budget
-        and r.get("steps") == steps[args.task]
-    }
+    done = {(r["arm"], r["seed"]) for r in finished_rows(args.task, steps[args.task])}
     todo = [(arm, seed) for seed in range(args.seeds) for arm in args.arms if (arm, seed) not in done]
     print(f"[plan] {args.task}: {len(done)} done, {len(todo)} to run", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
