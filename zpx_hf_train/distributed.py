@@ -1,24 +1,29 @@
 """How a multi-process launch trains: each accelerate config does what its name says, or the run stops.
 
 - With CUDA, accelerate runs DDP, FSDP and DeepSpeed itself (`ddp_gpu.yaml`, `fsdp.yaml`, `deepspeed_zero2.yaml`).
-- Without CUDA, a launch that hides the GPUs (`CUDA_VISIBLE_DEVICES` without a valid id: `ddp_cpu.yaml` and
-  `fsdp_cpu.yaml` set `gpu_ids: "-1,-1"`; `CUDA_VISIBLE_DEVICES=-1 torchrun ...`) trains on the CPUs with gloo.
-  accelerate starts several CPU processes only through its torchrun launcher, and there it gives each process a
-  world of one unless told to use the CPU, so this module selects accelerate's CPU DDP. accelerate cannot shard
-  on the CPU; an FSDP launch is sharded here with FSDP2's `fully_shard` (one unit per decoder layer, plus the
-  root) and saved as one full state dict.
-- Without CUDA, any other multi-process launch (a GPU config) stops with a message naming the CPU configs.
+- Without CUDA, a multi-process launch trains on the CPUs with gloo. accelerate starts several CPU processes only
+  through its torchrun launcher, and there it gives each process a world of one unless told to use the CPU, so
+  this module selects accelerate's CPU DDP. accelerate cannot shard on the CPU; an FSDP launch is sharded here
+  with FSDP2's `fully_shard` (one unit per decoder layer, plus the root) and saved as one full state dict.
+  DeepSpeed needs CUDA and stops.
+- A launch that hides the GPUs says it means the CPUs (`CUDA_VISIBLE_DEVICES` without a valid id:
+  `CUDA_VISIBLE_DEVICES=-1 accelerate launch ...`; `ddp_cpu.yaml` and `fsdp_cpu.yaml` set `gpu_ids: "-1,-1"`,
+  which accelerate < 1.16 always exports and 1.16 exports only where torch sees an accelerator). Any other
+  launch without CUDA (a GPU config, or a CPU config under accelerate >= 1.16 on a machine with no GPU) warns
+  that it trains on the CPUs, since the config that asked cannot be told apart there.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from typing import Any
 
 from .config import ConfigError
 
 _cpu_fsdp: dict[str, Any] = {}  # set once per process by `configure_launch` for an FSDP launch on CPU
+_warned_cpu_launch: list[bool] = []  # the CPU-launch warning is printed once, by rank 0
 
 
 def configure_launch() -> str:
@@ -31,16 +36,20 @@ def configure_launch() -> str:
 
     if torch.cuda.is_available():
         return "accelerate"
-    if not gpus_hidden():
-        raise ConfigError(
-            "this multi-process launch asks for GPUs but CUDA is not available; on CPUs launch with "
-            "configs/accelerate/ddp_cpu.yaml or fsdp_cpu.yaml (they hide the GPUs), or run torchrun with "
-            "CUDA_VISIBLE_DEVICES=-1."
-        )
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
         raise ConfigError("DeepSpeed needs CUDA GPUs; on CPUs use configs/accelerate/ddp_cpu.yaml or fsdp_cpu.yaml.")
+    fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if not gpus_hidden() and os.environ.get("RANK", "0") == "0" and not _warned_cpu_launch:
+        _warned_cpu_launch.append(True)
+        world = os.environ.get("WORLD_SIZE", "several")
+        print(
+            f"zpx-train: warning: CUDA is not available, so this {world}-process launch trains on the CPUs with "
+            f"gloo ({'FSDP2' if fsdp else 'DDP'}); launch with CUDA_VISIBLE_DEVICES=-1 to say so and silence this.",
+            file=sys.stderr,
+            flush=True,
+        )
     os.environ["ACCELERATE_USE_CPU"] = "true"  # accelerate's MULTI_CPU state: gloo, one world
-    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":
+    if not fsdp:
         return "cpu-ddp"
     unsupported = {
         "FSDP_VERSION": ("2", "fsdp_version: 2"),
