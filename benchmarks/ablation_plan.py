@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ablation_models import VARIANTS, family_of
+from ablation_models import VARIANTS, family_of, variant_revision
 from ablation_runs import SELECTION, SizeSpec, task_seq_len
 
 Job = tuple[str, str, int, float]  # (variant, task, seed, lr)
@@ -90,11 +90,17 @@ def job_of(row: dict[str, Any], spec: SizeSpec) -> Job:
 
 
 def index_rows(rows: Sequence[dict[str, Any]], spec: SizeSpec) -> dict[Job, dict[str, Any]]:
-    """Rows of this spec's protocol and budgets, last row per job (a changed budget or protocol reruns it)."""
+    """Rows of this spec's protocol, budgets and variant revisions, last row per job (a changed budget, protocol
+    or variant revision reruns it; the report lists the other rows as superseded)."""
     fingerprints = {task: budget.fingerprint() for task, budget in spec.budgets.items()}
     latest = {}
     for row in rows:
-        if row.get("protocol", "") == spec.protocol and row.get("budget") == fingerprints.get(row["task"]):
+        if (
+            row.get("protocol", "") == spec.protocol
+            and row.get("budget") == fingerprints.get(row["task"])
+            and row["variant"].split("@", 1)[0] in VARIANTS
+            and row.get("variant_revision") == variant_revision(row["variant"])
+        ):
             latest[job_of(row, spec)] = row
     return latest
 

@@ -919,7 +919,7 @@ def superseded_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
             r.get("protocol", "") or "-",
             r["task"],
             r.get("budget", "-"),
-            r["variant"],
+            r["variant"] + (f" (revision {r['variant_revision']})" if "variant_revision" in r else ""),
         )
         groups.setdefault(key, []).append(r)
     if not groups:
@@ -952,7 +952,8 @@ def superseded_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
         "",
         "Rows of earlier protocols: the medium suite (lr 1e-3 for every variant, 3 seeds, 64 needles per length, "
         "no validation split; its needle format changed twice, each budget fingerprint is one format) and rows of "
-        "this file under another budget or protocol. Not used for any verdict above.",
+        "this file under another budget, protocol or variant revision (`pct` rows without a revision ran PCT's "
+        "defaults version 2, tau learned in log space from 20). Not used for any verdict above.",
         "",
         *_table(
             ["source", "protocol", "task", "budget", "variant", "ok/rows", "lr", "mean (± std over seeds)"], body, "---"

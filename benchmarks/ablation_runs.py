@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from ablation_models import SequenceRegressor, build_model, family_of
+from ablation_models import SequenceRegressor, build_model, family_of, variant_revision
 from ablation_nbody import NBODY, nbody_reference, run_nbody  # the N-body task: benchmarks/ablation_nbody.py
 from ablation_stats import encode_bits
 from measure import clock  # benchmarks/measure.py: the one wall clock of every benchmark
@@ -379,12 +379,15 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """One (variant, task, seed, lr) training + evaluation; never raises (errors are recorded in the row).
 
     The row carries its provenance: commit and dirty flag (`job["commit"]`), the model config's hash, lr, seed,
-    protocol id and the task budget's fingerprint (lr excluded: the grid is part of the protocol)."""
+    protocol id, the task budget's fingerprint (lr excluded: the grid is part of the protocol) and the variant's
+    revision where it has one."""
     torch.set_num_threads(job.get("threads", 1))
     spec = SizeSpec.from_dict(job["spec"])
     task, variant, seed = job["task"], job["variant"], job["seed"]
     budget = spec.budgets[task]
     row: dict[str, Any] = {"variant": variant, "task": task, "seed": seed, "budget": budget.fingerprint()}
+    if variant_revision(variant) is not None:
+        row["variant_revision"] = variant_revision(variant)
     if job.get("lr") is not None:
         budget = replace(budget, lr=float(job["lr"]))
     row.update({"lr": budget.lr, "protocol": spec.protocol, **job.get("commit", {})})

@@ -50,10 +50,12 @@ def test_the_evidence_protocol_budgets_and_plan_are_those_its_rows_ran():
     expected += [(v, "spiral", 2, 4) for v in (*attention, "versor_hybrid", *ladder)]
     cells = plan.evidence_cells(list(EVIDENCE.budgets))
     assert [(c.name, c.task, c.seeds, c.tier) for c in cells] == expected
-    # the committed rows of this protocol are all current (none silently superseded)
+    # the committed rows of this protocol are all current (none silently superseded), except the `pct` rows of
+    # PCT's defaults version 2 (no variant revision), superseded by revision 3 and listed as such
     rows = ablation.read_rows(BENCH / "results" / "ablation_evidence.jsonl")
     ours = [r for r in rows if r.get("protocol") == EVIDENCE.protocol]
-    assert ours and len(_done(ours)) == len({plan.job_of(r, EVIDENCE) for r in ours})
+    current = [r for r in ours if not (r["variant"] == "pct" and "variant_revision" not in r)]
+    assert ours and len(_done(ours)) == len({plan.job_of(r, EVIDENCE) for r in current})
 
 
 # ---- statistics ------------------------------------------------------------------------------------------
@@ -114,6 +116,8 @@ def _row(variant, task, seed, lr, value, status="ok", **extra):
     key = runs.SELECTION[task][0]
     row = {"variant": variant, "task": task, "seed": seed, "lr": lr, "status": status, "protocol": EVIDENCE.protocol}
     row["budget"] = EVIDENCE.budgets[task].fingerprint()
+    if models.variant_revision(variant) is not None:
+        row["variant_revision"] = models.variant_revision(variant)
     if value is not None:
         row[key] = value
     return {**row, **extra}
@@ -198,15 +202,19 @@ def test_headline_cells_run_first_and_stage_two_before_later_stage_one():
     assert nxt[:4] == [("baseline", "mqar", s, 3e-4) for s in range(1, 5)]
 
 
-def test_resume_ignores_rows_of_another_protocol_or_budget(tmp_path):
+def test_resume_ignores_rows_of_another_protocol_budget_or_variant_revision(tmp_path):
     rows = [
         _row("baseline", "mqar", 0, 3e-4, 0.9),
         {**_row("baseline", "mqar", 0, 1e-3, 0.9), "protocol": "evidence-v0"},
         {**_row("baseline", "mqar", 0, 3e-3, 0.9), "budget": "old"},
+        {**_row("pct", "mqar", 0, 1e-3, 0.3), "variant_revision": None},  # PCT defaults version 2: none recorded
+        _row("pct", "mqar", 0, 3e-4, 0.9),
+        {**_row("pct_tau5", "mqar", 0, 3e-4, 0.9), "variant_revision": 3},  # a variant never revised has none
     ]
     path = tmp_path / "rows.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + '\n{"cut')
-    assert list(_done(ablation.read_rows(path))) == [("baseline", "mqar", 0, 3e-4)]
+    assert list(_done(ablation.read_rows(path))) == [("baseline", "mqar", 0, 3e-4), ("pct", "mqar", 0, 3e-4)]
+    assert models.variant_revision("pct") == 3 and models.variant_revision("baseline") is None
 
 
 def test_estimate_counts_shared_runs_once_and_is_within_the_cpu_budget_for_the_headline():
@@ -367,6 +375,7 @@ def test_full_size_plans_listops_for_the_attention_variants_and_reports_the_lra_
             hits = np.zeros((512, 1), bool)
             hits[: round(acc * 512)] = True
             row = {"variant": variant, "task": "listops", "seed": seed, "lr": 1e-3, "status": "ok"}
+            row |= {"variant_revision": models.variant_revision(variant)} if variant == "pct" else {}
             row |= {"protocol": full.protocol, "budget": fingerprint, "val_accuracy": acc}
             rows.append({**row, **runs.hit_metrics(hits, "", bits=True)})
         rows += [{**rows[-1], "seed": 0, "lr": lr, "val_accuracy": 0.1} for lr in (3e-4, 3e-3)]

@@ -1,6 +1,7 @@
 """PCT defaults of issue 21 (docs/design.md §4.2-4.3): tau "log_learnable" (tau_h = exp(log_tau_h)) at tau_init, b_h =
--log(train_context_length); checkpoints saved before them (tests/fixtures/pct_v1_*, written by commit 041f866)
-load with their saved values and give the logits that code gave, bit for bit."""
+-log(train_context_length); checkpoints saved before them (tests/fixtures/pct_v1_*, written by commit 041f866;
+pct_v2_*, defaults version 2, by c259d4b: tests/fixtures/make_pct_fixtures.py) load with their saved values and
+give the logits that code gave, bit for bit."""
 
 import json
 import math
@@ -32,7 +33,7 @@ def test_checkpoint_saved_before_issue_21_gives_its_logits(tau):
     folder = FIXTURES / f"pct_v1_{tau}"
     model, expected = load_old(folder)
     config = model.config
-    assert (config.tau, config.train_context_length, config.defaults_version) == (tau, 64, 2)
+    assert (config.tau, config.train_context_length, config.defaults_version) == (tau, 64, 3)
     saved = load_file(str(folder / "model.safetensors"))
     for name, param in model.named_parameters():
         assert torch.equal(param.detach(), saved[name]), name  # the saved b_h / tau, not re-initialised ones
@@ -58,19 +59,39 @@ def test_old_config_omitting_defaulted_fields_keeps_the_old_defaults(tmp_path):
     # the same file re-saved today states every default explicitly and loads the same
     model.save_pretrained(tmp_path / "resaved")
     resaved = json.loads((tmp_path / "resaved" / "config.json").read_text())
-    assert (resaved["tau"], resaved["train_context_length"], resaved["defaults_version"]) == ("sqrt_d", 64, 2)
+    assert (resaved["tau"], resaved["train_context_length"], resaved["defaults_version"]) == ("sqrt_d", 64, 3)
+
+
+def test_version_2_checkpoint_keeps_tau_20_and_gives_its_logits(tmp_path):
+    """defaults_version 2 wrote `tau_init: null` for "log_learnable" from 20: loaded, re-initialised (a fresh
+    model from that config.json) and re-saved, it still means 20, and the saved log_tau give that code's logits."""
+    folder = FIXTURES / "pct_v2_log_learnable"
+    assert json.loads((folder / "config.json").read_text())["tau_init"] is None
+    model, expected = load_old(folder)
+    assert (model.config.tau, model.config.initial_tau, model.config.train_context_length) == ("log_learnable", 20, 40)
+    saved = load_file(str(folder / "model.safetensors"))
+    for name, param in model.named_parameters():
+        assert torch.equal(param.detach(), saved[name]), name
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=expected["input_ids"]).logits, expected["logits"])
+    fresh = PCTForCausalLM(PCTConfig.from_pretrained(folder))
+    assert torch.equal(fresh.model.layers[0].self_attn.log_tau.detach(), torch.full((2,), math.log(20.0)))
+    model.save_pretrained(tmp_path)
+    resaved = json.loads((tmp_path / "config.json").read_text())
+    assert (resaved["tau_init"], resaved["defaults_version"]) == (20.0, 3)
 
 
 def test_new_defaults_round_trip(tmp_path):
     torch.manual_seed(0)
     config = PCTConfig(vocab_size=48, hidden_size=32, intermediate_size=48, num_attention_heads=2)
-    assert (config.tau, config.initial_tau, config.train_context_length) == ("log_learnable", 20.0, 512)
+    assert (config.tau, config.initial_tau, config.train_context_length) == ("log_learnable", 5.0, 512)
     model = PCTForCausalLM(config).eval()
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.log_tau.add_(torch.tensor([0.3, -0.2]))
     model.save_pretrained(tmp_path)
-    assert json.loads((tmp_path / "config.json").read_text())["defaults_version"] == 2
+    stored = json.loads((tmp_path / "config.json").read_text())
+    assert (stored["defaults_version"], stored["tau_init"]) == (3, 5.0)
     loaded = PCTForCausalLM.from_pretrained(tmp_path).eval()
     ids = torch.randint(3, 48, (2, 9))
     for ours, theirs in zip(model.state_dict().values(), loaded.state_dict().values()):
@@ -87,7 +108,8 @@ def test_new_defaults_round_trip(tmp_path):
         ({"tau_init": 1e5}, "tau_init"),
         ({"tau_init": 0.0}, "tau_init"),
         ({"train_context_length": 0}, "train_context_length"),
-        ({"defaults_version": 3}, "defaults_version"),
+        ({"defaults_version": 4}, "defaults_version"),
+        ({"defaults_version": 0}, "defaults_version"),
     ],
 )
 def test_invalid_defaults_fields_name_themselves(fields, message):

@@ -144,7 +144,7 @@ def test_initialisation_recipe():
     assert attention.log_tau is None and attention.fixed_tau is None
     default = PCTModel(tiny_config(max_position_embeddings=1024)).layers[0].self_attn  # package defaults
     torch.testing.assert_close(default.gate_bias.data, torch.full((2,), -math.log(512)))
-    torch.testing.assert_close(default.log_tau.data, torch.full((2,), math.log(20.0)))
+    torch.testing.assert_close(default.log_tau.data, torch.full((2,), math.log(5.0)))
     assert default.tau is None and default.fixed_tau is None
     scaled = PCTModel(tiny_config(tau="log_learnable", tau_init=7.5)).layers[0].self_attn
     torch.testing.assert_close(scaled.temperature().detach(), torch.full((2,), 7.5))

@@ -18,10 +18,12 @@ TAU_MODES = ("log_learnable", "sqrt_d", "inv_sqrt_d", "learnable")
 LEARNABLE_TAU_MODES = ("log_learnable", "learnable")
 # Package defaults (docs/design.md §4.2-4.3: the measurements behind them, benchmarks/results/pct_defaults.md).
 DEFAULT_TAU = "log_learnable"
-DEFAULT_TAU_INIT = 20.0
+DEFAULT_TAU_INIT = 5.0
 DEFAULT_TRAIN_CONTEXT_LENGTH = 512
-# 1: before issue 21 (tau "sqrt_d", b_h = -log(max_position_embeddings)); 2: the defaults above.
-DEFAULTS_VERSION = 2
+# 1: before issue 21 (tau "sqrt_d", b_h = -log(max_position_embeddings)); 2: "log_learnable" from tau 20 (its
+# configs omit `tau_init`); 3: the defaults above (from tau 5: 20 did not learn MQAR, docs/design.md §4.2).
+DEFAULTS_VERSION = 3
+V2_TAU_INIT = 20.0
 
 
 class PCTConfig(GeometricConfig):
@@ -39,17 +41,17 @@ class PCTConfig(GeometricConfig):
             `tau_h = exp(log_tau_h)`, so Adam's ~lr steps on `log_tau_h` scale tau geometrically and
             attention can sharpen), `"learnable"` (one per head, linear), `"sqrt_d"`, `"inv_sqrt_d"` or a
             fixed number in (0, 65504].
-        tau_init: initial tau of the learnable modes; `None` means 20 for `"log_learnable"` (tau = 20 learned
-            the keyed needle, 0.84-0.92 at 800 steps, where sqrt(d) did not: docs/design.md §4.2) and sqrt(d)
-            for `"learnable"`. Not allowed with a fixed tau.
+        tau_init: initial tau of the learnable modes; `None` means 5 for `"log_learnable"` (from 5 PCT learns
+            MQAR, 0.997, and the keyed needle, where 20 stays at MQAR's plateau: docs/design.md §4.2) and
+            sqrt(d) for `"learnable"`. Not allowed with a fixed tau.
         train_context_length: context length n the model is trained at; `b_h` starts at `-log(n)` (sigmoid
             attention recipe, arXiv 2409.04431), so a row of n near-orthogonal keys sums to ~1. Default 512;
             zpx-train sets it from the data's sequence length. Not `max_position_embeddings`: a model
             meant to run 8x past its training length then starts with gates 8x too small to learn.
         gate_bias_init: initial value of `b_h` in `sigmoid(s_ij + b_h)`, overriding `-log(train_context_length)`.
-        defaults_version: which package defaults fill fields a config omits: 2 (current); a saved config
-            without it predates issue 21 and gets version 1's (tau `"sqrt_d"`, n = max_position_embeddings),
-            so an old checkpoint loads as the model it was.
+        defaults_version: which package defaults fill fields a config omits: 3 (current); 2 starts
+            `"log_learnable"` at 20; a saved config without it predates issue 21 and gets version 1's (tau
+            `"sqrt_d"`, n = max_position_embeddings), so an old checkpoint loads as the model it was.
         qk_norm_eps: epsilon of the complex L2 normalisation of queries and keys.
         attention_bias: complex biases on the q/k/v/o projections.
         mlp_bias: complex biases in the feed-forward layer.
@@ -75,12 +77,14 @@ class PCTConfig(GeometricConfig):
         if defaults_version is None:
             # A saved config.json carries `transformers_version`; without `defaults_version` it predates issue 21.
             defaults_version = 1 if "transformers_version" in kwargs else DEFAULTS_VERSION
-        if defaults_version not in (1, DEFAULTS_VERSION):
+        if defaults_version not in range(1, DEFAULTS_VERSION + 1):
             raise ValueError(
-                f"config field `defaults_version`={defaults_version!r} is invalid: expected 1 or {DEFAULTS_VERSION}."
+                f"config field `defaults_version`={defaults_version!r} is invalid: expected 1 .. {DEFAULTS_VERSION}."
             )
         if tau is None:
             tau = "sqrt_d" if defaults_version == 1 else DEFAULT_TAU
+        if tau_init is None and tau == "log_learnable":  # written out, so a re-saved config keeps its start
+            tau_init = DEFAULT_TAU_INIT if defaults_version == DEFAULTS_VERSION else V2_TAU_INIT
         if train_context_length is None and defaults_version == 1:  # the old b_h = -log(max_position_embeddings)
             train_context_length = kwargs.get("max_position_embeddings", DEFAULT_MAX_POSITION_EMBEDDINGS)
         self.tau = tau
