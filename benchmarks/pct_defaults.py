@@ -47,9 +47,9 @@ LR = 1e-3
 # before issue 21: tau = sqrt(d) fixed, b_h = -log(max_position_embeddings) = -log(8 x the trained length) in the
 # suite; "sqrt_d_n1x" is the suite's `pct_tau_sqrt_d` variant.
 ARMS: dict[str, dict[str, Any]] = {
-    "log_tau20_n1x": {"tau": "log_learnable", "tau_init": 20.0, "context": 1},  # the package defaults
+    "log_tau20_n1x": {"tau": "log_learnable", "tau_init": 20.0, "context": 1},  # defaults version 2
     "log_tau10_n1x": {"tau": "log_learnable", "tau_init": 10.0, "context": 1},
-    "log_tau5_n1x": {"tau": "log_learnable", "tau_init": 5.0, "context": 1},
+    "log_tau5_n1x": {"tau": "log_learnable", "tau_init": 5.0, "context": 1},  # the package defaults (version 3)
     "sqrt_d_n1x": {"tau": "sqrt_d", "context": 1},
     "old_sqrt_d_n8x": {"tau": "sqrt_d", "context": 8},
     "log_tau20_n8x": {"tau": "log_learnable", "tau_init": 20.0, "context": 8},
