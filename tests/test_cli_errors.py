@@ -252,7 +252,10 @@ class _CtrlC(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.at:
-            os.kill(os.getpid(), signal.SIGINT)
+            # Python's own SIGINT handler (a library may have swapped it), and raise_signal delivers the signal to
+            # this thread before it returns: os.kill's delivery is asynchronous and once let the run finish
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.raise_signal(signal.SIGINT)
 
 
 def test_ctrl_c_is_one_line_naming_the_intact_checkpoint_and_the_resume_command(tmp_path, capsys):
