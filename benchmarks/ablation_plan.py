@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ablation_models import VARIANTS, family_of, variant_revision
+from ablation_models import VARIANTS, base_variant, family_of, variant_revision
 from ablation_runs import SELECTION, SizeSpec, task_seq_len
 
 Job = tuple[str, str, int, float]  # (variant, task, seed, lr)
@@ -98,7 +98,7 @@ def index_rows(rows: Sequence[dict[str, Any]], spec: SizeSpec) -> dict[Job, dict
         if (
             row.get("protocol", "") == spec.protocol
             and row.get("budget") == fingerprints.get(row["task"])
-            and row["variant"].split("@", 1)[0] in VARIANTS
+            and base_variant(row["variant"]) in VARIANTS
             and row.get("variant_revision") == variant_revision(row["variant"])
         ):
             latest[job_of(row, spec)] = row

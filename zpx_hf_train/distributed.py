@@ -1,4 +1,4 @@
-"""How a multi-process launch trains: each accelerate config does what its name says, or the run stops.
+"""How a multi-process launch trains: on CUDA as accelerate does, without CUDA on the CPUs with gloo (or it stops).
 
 - With CUDA, accelerate runs DDP, FSDP and DeepSpeed itself (`ddp_gpu.yaml`, `fsdp.yaml`, `deepspeed_zero2.yaml`).
 - Without CUDA, a multi-process launch trains on the CPUs with gloo. accelerate starts several CPU processes only
