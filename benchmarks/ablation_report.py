@@ -712,11 +712,12 @@ def _cell_text(rows: Sequence[dict], key: str, digits: int, planned: int, chosen
     mean = st.mean(values)
     std = st.stdev(values) if len(values) > 1 else float("nan")
     text = format_mean_std(mean, std, digits)
+    if 0 < abs(mean) < 10**-digits:  # one-step N-body errors (~6e-9) would print as 0.0000 ± 0.0000
+        text = f"{mean:.2e}" + ("" if math.isnan(std) else f" ± {std:.1e}")
     extra = [] if len(values) == planned else [f"n={len(values)}/{planned}"]
     if chosen:
         extra.append(
-            f"lr {chosen['lr']:g}"
-            + (f", {chosen['variant']}" if chosen["variant"] != rows[0]["variant"] or False else "")
+            f"lr {chosen['lr']:g}" + (f", {chosen['variant']}" if chosen["variant"] != rows[0]["variant"] else "")
         )
     return text + (f" ({'; '.join(extra)})" if extra else "")
 

@@ -325,6 +325,13 @@ def test_report_verdicts_follow_the_holm_corrected_test(tmp_path):
     assert "zpx_full @ lr 0.001" in text
 
 
+def test_a_cell_too_small_for_its_digits_prints_in_scientific_notation():
+    rows = [{"onestep_position_mse": v} for v in (6.0e-9, 6.2e-9, 5.8e-9)]
+    assert report._cell_text(rows, "onestep_position_mse", 4, 3, None) == "6.00e-09 ± 2.0e-10"
+    rows = [{"position_mse": v} for v in (0.0071, 0.0075)]
+    assert report._cell_text(rows, "position_mse", 4, 2, None) == "0.0073 ± 0.0003"
+
+
 # ---- LRA ListOps ------------------------------------------------------------------------------------------------
 
 
