@@ -137,4 +137,8 @@ def run_worker(script: str, spec: list[Any], timeout: float = 1800, env: dict[st
     if completed.returncode != 0:
         lines = (completed.stderr or "").strip().splitlines()
         return {"error": lines[-1][:160] if lines else f"exit {completed.returncode}"}
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    lines = completed.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1]) if lines else {"error": "the worker printed no result line"}
+    except json.JSONDecodeError:
+        return {"error": f"the worker's last line is not JSON: {lines[-1][:120]}"}

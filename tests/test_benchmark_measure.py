@@ -81,7 +81,11 @@ def test_run_worker_returns_the_last_stdout_line_or_the_error(tmp_path):
                 raise ValueError("bad point " + str(spec[1]))
             if spec[0] == "sleep":
                 time.sleep(30)
+            if spec[0] == "silent":
+                sys.exit(0)
             print("progress noise")
+            if spec[0] == "text":
+                sys.exit(0)
             print(json.dumps({"twice": 2 * spec[1]}))
             """
         )
@@ -89,3 +93,7 @@ def test_run_worker_returns_the_last_stdout_line_or_the_error(tmp_path):
     assert measure.run_worker(str(script), ["ok", 21]) == {"twice": 42}
     assert measure.run_worker(str(script), ["fail", 7]) == {"error": "ValueError: bad point 7"}
     assert measure.run_worker(str(script), ["sleep", 0], timeout=1) == {"error": "timeout > 1s"}
+    assert measure.run_worker(str(script), ["silent", 0]) == {"error": "the worker printed no result line"}
+    assert measure.run_worker(str(script), ["text", 0]) == {
+        "error": "the worker's last line is not JSON: progress noise"
+    }

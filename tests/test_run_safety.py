@@ -264,3 +264,20 @@ def test_unwritable_output_dir_and_a_refused_resume_fail_in_one_line_and_leave_n
     assert len(err) == 2 and f"{in_the_way}' is a file, not a folder" in err[0], err
     assert "no complete checkpoint" in err[1], err
     assert in_the_way.read_text() == "not a folder" and not fresh.exists()  # the lock's folder went with it
+
+
+def test_finishing_from_an_adapter_checkpoint_of_other_modules_stops_with_a_config_error(tmp_path, finished_run):
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from zpx_hf_train.job import load_checkpoint_weights
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(finished_run), LoraConfig(target_modules=["q_proj"]))
+    checkpoint = tmp_path / "checkpoint-4"
+    checkpoint.mkdir()
+    save_file(
+        {"base_model.model.no_such_module.lora_A.weight": torch.zeros(8, 4)}, checkpoint / "adapter_model.safetensors"
+    )
+    with pytest.raises(ConfigError, match="adapter weights the model does not have.*new --output_dir"):
+        load_checkpoint_weights(model, str(checkpoint))

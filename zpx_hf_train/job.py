@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import RunArguments, RunConfig
+from .config import ConfigError, RunArguments, RunConfig
 from .run_folder import TRAINER_STATE, Resume, RunFolder, RunIdentity, atomic_write
 
 
@@ -102,7 +102,10 @@ def load_checkpoint_weights(model: Any, checkpoint: str) -> None:
 
         result = set_peft_model_state_dict(model, load_file(folder / "adapter_model.safetensors"))
         if result.unexpected_keys:
-            raise ValueError(f"{folder.name}: adapter weights the model does not have: {result.unexpected_keys[:5]}")
+            raise ConfigError(
+                f"{folder}: adapter weights the model does not have: {result.unexpected_keys[:5]}; finish this run "
+                "with the adapter config that wrote it, or train into a new --output_dir"
+            )
         return
     saved = type(model).from_pretrained(folder, dtype="auto")
     model.load_state_dict(saved.state_dict(), strict=True)
