@@ -82,6 +82,7 @@ def _budgets(steps: dict[str, int], batch: int, lr: float, params: dict[str, dic
     return {task: TaskBudget(steps=steps[task], batch=batch, lr=lr, params=params[task], **extra) for task in steps}
 
 
+MAX_TIER = 3  # the evidence plan's default last tier: tier 4 (spiral) only with --max-tier 4
 SIZES = {
     "small": SizeSpec(
         hidden=64,
@@ -377,7 +378,9 @@ def render_evidence(stem: Path, spec: SizeSpec, cells: list, widths: dict, meta:
     for path in sorted(RESULTS.glob("ablation_medium.jsonl")):  # the medium protocol(s): superseded, kept listed
         superseded += [{**r, "source": path.name} for r in read_rows(path)]
     reference = nbody_reference(spec.budgets["nbody"].params) if any(c.task == "nbody" for c in cells) else None
-    return write_evidence(done, cells, spec, widths, meta, superseded, reference, stem)
+    full = SIZES["full"]
+    gpu_cells = [c for c in ablation_plan.evidence_cells(list(full.budgets), None, full.seeds) if c.tier <= MAX_TIER]
+    return write_evidence(done, cells, spec, widths, meta, superseded, reference, stem, gpu_plan=(full, gpu_cells))
 
 
 def run_evidence(args: argparse.Namespace, spec: SizeSpec, stem: Path, meta: dict[str, Any]) -> None:
@@ -475,7 +478,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", nargs="+", default=None, choices=choices)
     parser.add_argument("--tasks", nargs="+", default=None, choices=list(TASKS), help="default: the size's tasks")
     parser.add_argument(
-        "--max-tier", type=int, default=3, help="evidence: cells of tiers up to this one (4: also spiral)"
+        "--max-tier", type=int, default=MAX_TIER, help="evidence: cells of tiers up to this one (4: also spiral)"
     )
     parser.add_argument("--workers", type=int, default=1, help="parallel worker processes (1 thread each)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")

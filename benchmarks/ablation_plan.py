@@ -240,6 +240,17 @@ def estimate_seconds(variant: str, task: str, spec: SizeSpec, measured: dict[tup
     return seconds
 
 
+def training_tokens(cells: Sequence[Cell], spec: SizeSpec) -> dict[str, tuple[int, int]]:
+    """(runs, training tokens) of the plan by task: steps x batch x the padded example length of every planned run
+    (shared stage-1 runs once). A cost measure that needs no machine: the size of a suite not yet run."""
+    out: dict[str, tuple[int, int]] = {}
+    for cell, _, _, _ in planned_jobs(cells, spec):
+        budget = spec.budgets[cell.task]
+        runs, tokens = out.get(cell.task, (0, 0))
+        out[cell.task] = (runs + 1, tokens + budget.steps * budget.batch * task_seq_len(cell.task, budget.params))
+    return out
+
+
 def estimate(cells: Sequence[Cell], spec: SizeSpec, measured: dict, workers: int) -> dict[str, float]:
     """Estimated wall hours of the plan by tier and in all, with `workers` runs in parallel."""
     hours: dict[str, float] = {}
@@ -270,6 +281,7 @@ __all__ = [
     "runnable",
     "select",
     "step_seconds",
+    "training_tokens",
 ]
 
 

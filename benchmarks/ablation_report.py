@@ -963,6 +963,28 @@ def superseded_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
     ]
 
 
+def gpu_plan_markdown(spec: Any, cells: Sequence[Any]) -> list[str]:
+    """The size of a plan not yet run: runs, budget and training tokens per task (`ablation_plan.training_tokens`)."""
+    import ablation_plan as plan
+    from ablation_runs import task_seq_len
+
+    sized = plan.training_tokens(cells, spec)
+    body = []
+    for task, (runs, tokens) in sized.items():
+        budget = spec.budgets[task]
+        shape = f"{budget.steps:,} × {budget.batch} × {task_seq_len(task, budget.params):,}"
+        body.append([task, f"{runs}", shape, f"{tokens:.2e}"])
+    runs, tokens = sum(r for r, _ in sized.values()), sum(t for _, t in sized.values())
+    body.append(["all", f"{runs}", "", f"{tokens:.2e}"])
+    return [
+        f"Its size ({spec.layers} layers, baseline hidden {spec.hidden}; tiers 0-{max(c.tier for c in cells)}, the "
+        "command's default; training tokens = steps × batch × padded example length, summed over the planned runs):",
+        "",
+        *_table(["task", "runs", "steps × batch × tokens", "training tokens"], body, "---"),
+        "",
+    ]
+
+
 def write_evidence(
     done: dict,
     cells: Sequence[Any],
@@ -973,8 +995,10 @@ def write_evidence(
     reference: dict[str, Any] | None,
     stem: Path,
     figures: bool = True,
+    gpu_plan: tuple[Any, Sequence[Any]] | None = None,
 ) -> str:
-    """<stem>.md / .json (/ _curves.png) of the evidence suite from its rows; returns the Markdown."""
+    """<stem>.md / .json (/ _curves.png) of the evidence suite from its rows; returns the Markdown. `gpu_plan`:
+    the `--size full` spec and cells, sized in the "Still needs a GPU" section."""
     import ablation_plan as plan
     from ablation_runs import EVAL_SEED, VAL_SEED
 
@@ -1070,10 +1094,12 @@ def write_evidence(
         "trained and tested at 16,384 tokens, MQAR with 12 pairs, N-body on 2,048 training trajectories, and LRA "
         "ListOps generated as LRA generates it (500 < tokens < 2,000, depth 10, up to 10 arguments; 5,000 steps × "
         "batch 32) for the attention variants. Run it with `python benchmarks/ablation.py --size full --device "
-        "cuda --workers 1` (`--tasks listops` for ListOps alone); it has not been run (no GPU here), so its cost is "
-        "not measured.",
+        "cuda --workers 1` (`--tasks listops` for ListOps alone); it has not been run (no GPU here), so its wall "
+        "time is not measured.",
         "",
     ]
+    if gpu_plan is not None:
+        lines += gpu_plan_markdown(*gpu_plan)
     lines += superseded_markdown(superseded)
     text = "\n".join(lines) + "\n"
     if figures:

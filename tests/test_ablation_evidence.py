@@ -228,6 +228,17 @@ def test_estimate_counts_shared_runs_once_and_is_within_the_cpu_budget_for_the_h
     assert 0 < hours["tier 0"] < 5 and hours["total"] == pytest.approx(sum(v for k, v in hours.items() if k != "total"))
 
 
+def test_the_gpu_plan_is_sized_in_runs_and_training_tokens():
+    cells = [plan.Cell("baseline", "passkey_long", 2, 3), plan.Cell("pct_tuned", "passkey_long", 2, 3)]
+    sized = plan.training_tokens(cells, EVIDENCE)
+    # baseline: 3 lrs + seed 1; pct_tuned: 3 PCT variants x 3 lrs + seed 1 (its `pct` runs are not shared here)
+    runs = 3 + 1 + len(plan.members("pct_tuned")) * 3 + 1
+    budget = EVIDENCE.budgets["passkey_long"]
+    assert sized == {"passkey_long": (runs, runs * budget.steps * budget.batch * budget.params["length"])}
+    text = "\n".join(report.gpu_plan_markdown(EVIDENCE, cells))
+    assert f"| passkey_long | {runs} | 400 × 8 × 512 |" in text and f"| all | {runs} |" in text
+
+
 # ---- runs: hits, provenance ---------------------------------------------------------------------------------
 
 
