@@ -816,7 +816,20 @@ def _claim(verdicts: dict, table: str, variant: str, key: str, task: str) -> str
     return f"{r['verdict']} (Holm {_fmt_p(r['p_holm'])}{ci}, n = {r['n'][0]} vs {r['n'][1]})"
 
 
-def evidence_claims(verdicts: dict, spec: Any, reference: dict[str, Any] | None) -> list[str]:
+def _versor_match(widths: dict, task: str) -> str:
+    """How Versor's size compares with the baseline's on `task`: matched (±10%) or not, with both counts."""
+    versor, base = widths.get(f"versor_hybrid/{task}"), widths.get(f"baseline/{task}")
+    if not versor or not base:
+        return "parameter counts not recorded"
+    counts = f"{versor['params']:,} vs the baseline's {base['params']:,} parameters"
+    if versor["matched"]:
+        return f"parameter-matched, {counts}"
+    return f"NOT parameter-matched: Versor at its width cap (hidden {versor['hidden']}) has {counts}"
+
+
+def evidence_claims(
+    verdicts: dict, spec: Any, reference: dict[str, Any] | None, widths: dict | None = None
+) -> list[str]:
     """Each seed's claim as the seed states it, and what the corrected tests of this suite say about it."""
     head, same = EVIDENCE_TABLES[0][0], EVIDENCE_TABLES[1][0]
     lra = next(title for title, tasks, _ in EVIDENCE_TABLES if tasks == ("listops",))
@@ -855,10 +868,12 @@ def evidence_claims(verdicts: dict, spec: Any, reference: dict[str, Any] | None)
             if "listops" in spec.budgets
             else ""
         ),
-        f'- Versor (seed 004): "{SEED_VERSOR}" (the paper\'s own scale; no ± given). Here, parameter-matched '
-        f"(Versor hidden up to {spec.versor_max_hidden}): N-body {nbody_key} "
+        f'- Versor (seed 004): "{SEED_VERSOR}" (the paper\'s own scale; no ± given). Here (Versor hidden '
+        f"searched up to {spec.versor_max_hidden}; {_versor_match(widths or {}, 'nbody')}): N-body {nbody_key} "
         f"{_claim(verdicts, head, 'versor_hybrid', nbody_key, 'nbody')} "
-        f"(constant-velocity extrapolation: {cv}).",
+        f"(constant-velocity extrapolation: {cv}). Recall ({_versor_match(widths or {}, 'mqar')}): MQAR "
+        f"{_claim(verdicts, head, 'versor_hybrid', 'accuracy', 'mqar')}; the needle at the trained length "
+        f"{_claim(verdicts, head, 'versor_hybrid', f'{NEEDLE}@1x', 'passkey')}.",
         "- ZPX (seed 000): the seed makes no performance claim; it prescribes a stepwise ablation (baseline, angle "
         "only, + sphere, + centre loss) on geometry, physics and spiral tasks. That ladder is the table above; no "
         "claim is checked.",
@@ -1035,7 +1050,7 @@ def write_evidence(
     ]
     table_lines, verdicts = evidence_tables(done, cells, spec, plan)
     lines += table_lines
-    lines += evidence_claims(verdicts, spec, reference) + [""]
+    lines += evidence_claims(verdicts, spec, reference, widths) + [""]
     if reference:
         lines += [
             f"N-body references on the test trajectories: constant-velocity extrapolation position MSE "

@@ -403,3 +403,16 @@ def test_full_size_plans_listops_for_the_attention_variants_and_reports_the_lra_
     text = report.write_evidence(done, cells, full, {}, meta, [], None, tmp_path / "f", figures=False)
     assert "### LRA ListOps" in text and "| ListOps acc ↑ |" in text
     assert "LRA (the seed names no LRA task; here ListOps, expressions of < 2000 tokens): PCT defaults better" in text
+
+
+def test_the_versor_claim_says_where_versor_is_not_parameter_matched():
+    widths = {
+        "baseline/nbody": {"hidden": 128, "intermediate": 336, "params": 409_982, "matched": True},
+        "versor_hybrid/nbody": {"hidden": 512, "intermediate": 6144, "params": 233_646, "matched": False},
+        "baseline/mqar": {"hidden": 128, "intermediate": 336, "params": 468_704, "matched": True},
+        "versor_hybrid/mqar": {"hidden": 512, "intermediate": 6144, "params": 468_624, "matched": True},
+    }
+    line = next(x for x in report.evidence_claims({}, EVIDENCE, None, widths) if x.startswith("- Versor"))
+    assert "NOT parameter-matched: Versor at its width cap (hidden 512) has 233,646 vs the baseline's 409,982" in line
+    assert "Recall (parameter-matched, 468,624 vs the baseline's 468,704 parameters): MQAR undecided" in line
+    assert "parameter counts not recorded" in report.evidence_claims({}, EVIDENCE, None)[-2]
