@@ -722,6 +722,16 @@ def _cell_text(rows: Sequence[dict], key: str, digits: int, planned: int, chosen
     return text + (f" ({'; '.join(extra)})" if extra else "")
 
 
+def _delta_text(r: dict) -> str:
+    """Δ and its bootstrap interval: 3 decimals, or 2 significant digits in scientific notation where all of them
+    are below 0.01 (N-body MSE gaps of ~1e-3 would print as -0.001 [-0.002, -0.001])."""
+    values = [x for x in (r["diff"], *r.get("ci", ())) if not math.isnan(x)]
+    scale = max((abs(x) for x in values), default=0.0)
+    fmt = "+.1e" if 0 < scale < 0.01 else "+.3f"
+    ci = f" [{r['ci'][0]:{fmt}}, {r['ci'][1]:{fmt}}]" if "ci" in r else ""
+    return f"Δ {'n/a' if math.isnan(r['diff']) else format(r['diff'], fmt)}{ci}"  # n/a: a single seed
+
+
 def _fmt_p(p: float) -> str:
     return "p n/a" if math.isnan(p) else (f"p={p:.3f}" if p >= 0.001 else "p<0.001")
 
@@ -777,11 +787,7 @@ def evidence_tables(done: dict, cells: Sequence[Any], spec: Any, plan: Any) -> t
         for (v, t, c, r), p_adj in zip(tests, adjusted):
             r["p_holm"] = p_adj
             r["verdict"] = verdict_word(r["diff"], p_adj, c["higher"]) if min(r["n"]) >= 2 else "too few seeds"
-            ci = (
-                f"; Δ {r['diff']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]"
-                if "ci" in r
-                else (f"; Δ {r['diff']:+.4g}" if not math.isnan(r["diff"]) else "")
-            )
+            ci = f"; {_delta_text(r)}" if "ci" in r or not math.isnan(r["diff"]) else ""
             table[(v, c["label"])] = f"{r['verdict']} (Holm {_fmt_p(p_adj)}{ci})"
             verdicts[f"{title}|{v}|{c['key']}|{t}"] = r
         if tests:
@@ -812,8 +818,7 @@ def _claim(verdicts: dict, table: str, variant: str, key: str, task: str) -> str
     r = next((r for k, r in verdicts.items() if k == f"{table}|{variant}|{key}|{task}"), None)
     if r is None:
         return "undecided (not run yet)"
-    ci = f", Δ {r['diff']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]" if "ci" in r else f", Δ {r['diff']:+.4g}"
-    return f"{r['verdict']} (Holm {_fmt_p(r['p_holm'])}{ci}, n = {r['n'][0]} vs {r['n'][1]})"
+    return f"{r['verdict']} (Holm {_fmt_p(r['p_holm'])}, {_delta_text(r)}, n = {r['n'][0]} vs {r['n'][1]})"
 
 
 def _versor_match(widths: dict, task: str) -> str:

@@ -341,6 +341,11 @@ def test_a_cell_too_small_for_its_digits_prints_in_scientific_notation():
     assert report._cell_text(rows, "onestep_position_mse", 4, 3, None) == "6.00e-09 ± 2.0e-10"
     rows = [{"position_mse": v} for v in (0.0071, 0.0075)]
     assert report._cell_text(rows, "position_mse", 4, 2, None) == "0.0073 ± 0.0003"
+    # a gap below 0.01 keeps two significant digits instead of rounding to -0.001 [-0.002, -0.001]
+    assert report._delta_text({"diff": -0.0015, "ci": (-0.0021, -0.0009)}) == "Δ -1.5e-03 [-2.1e-03, -9.0e-04]"
+    assert report._delta_text({"diff": 0.186, "ci": (0.030, 0.450)}) == "Δ +0.186 [+0.030, +0.450]"
+    assert report._delta_text({"diff": -0.08998}) == "Δ -0.090"
+    assert report._delta_text({"diff": math.nan, "ci": (-0.003, 0.044)}) == "Δ n/a [-0.003, +0.044]"
 
 
 # ---- LRA ListOps ------------------------------------------------------------------------------------------------
