@@ -3,6 +3,7 @@ validation, stage order, resume), per-example hits, provenance, and one tiny end
 
 import json
 import math
+import types
 from pathlib import Path
 
 import numpy as np
@@ -421,3 +422,33 @@ def test_the_versor_claim_says_where_versor_is_not_parameter_matched():
     assert "NOT parameter-matched: Versor at its width cap (hidden 512) has 233,646 vs the baseline's 409,982" in line
     assert "Recall (parameter-matched, 468,624 vs the baseline's 468,704 parameters): MQAR undecided" in line
     assert "parameter counts not recorded" in report.evidence_claims({}, EVIDENCE, None)[-2]
+
+
+def test_nbody_references_say_when_no_model_infers_the_hidden_velocity():
+    reference = {
+        "const_velocity_position_mse": 0.0085,
+        "static_position_mse": 0.0276,
+        "const_velocity_onestep_position_mse": 1.2e-8,
+        "const_velocity_energy_drift": 0.143,
+        "simulator_energy_drift": 1e-4,
+        "mass10_const_velocity_position_mse": 0.285,
+        "mass10_static_position_mse": 0.321,
+        "hidden_velocity_static_position_mse": 0.0288,
+        "hidden_velocity_const_velocity_position_mse": 0.0085,
+    }
+    cells = [plan.Cell("baseline", "nbody", 2, 0), plan.Cell("versor_hybrid", "nbody", 2, 0)]
+
+    def fake_plan(rows_by_cell):
+        return types.SimpleNamespace(cell_seed_rows=lambda cell, done, spec: rows_by_cell[cell.name])
+
+    stuck = {
+        "baseline": [{"hidden_velocity_position_mse": 0.0286}] * 2,
+        "versor_hybrid": [{"hidden_velocity_position_mse": 0.0284}] * 2,
+    }
+    line = report.nbody_reference_lines({}, cells, EVIDENCE, fake_plan(stuck), reference)[0]
+    assert "static positions 0.0276" in line and "10x mass: constant velocity 0.2850" in line
+    # (0.0288 - 0.0284) / (0.0288 - 0.0085) = 2%: at the static level, said so
+    assert "the variants score 0.0284-0.0286, 1%-2% of the way" in line and "none infers the momentum" in line
+    learned = {**stuck, "versor_hybrid": [{"hidden_velocity_position_mse": 0.0100}] * 2}
+    line = report.nbody_reference_lines({}, cells, EVIDENCE, fake_plan(learned), reference)[0]
+    assert "none infers" not in line and "1%-93% of the way" in line
