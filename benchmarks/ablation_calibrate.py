@@ -164,6 +164,18 @@ TRIALS: dict[str, tuple[str, TaskBudget, dict[str, int], str]] = {
         "the evidence suite's same-length needle (512 tokens, batch 8): its 400-step budget left the baseline at "
         "chance (0.10 / 0.08 at lr 1e-3 / 3e-4); how many steps it needs",
     ),
+    "needle_compact_256_d2": (
+        "passkey",
+        TaskBudget(
+            steps=2400,
+            batch=16,
+            lr=1e-3,
+            params={"length": 256, "num_needles": 2, "num_distractors": 2, "num_digits": 2, "compact": True},
+        ),
+        {},
+        "the same-length needle at 256 tokens, batch 16 (the tokens per step of needle_compact_512_d2): whether a "
+        "shorter long length is within the CPU budget",
+    ),
     "copy_t4p12": (
         "selective_copy",
         TaskBudget(steps=1500, batch=64, lr=1e-3, params={"num_tokens": 4, "num_positions": 12}),
