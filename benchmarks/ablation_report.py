@@ -722,6 +722,42 @@ def _cell_text(rows: Sequence[dict], key: str, digits: int, planned: int, chosen
     return text + (f" ({'; '.join(extra)})" if extra else "")
 
 
+CALIBRATION_TRIALS = Path(__file__).resolve().parent / "results" / "calibration_trials.jsonl"
+
+
+def long_needle_calibration(spec: dict, path: Path = CALIBRATION_TRIALS) -> list[str]:
+    """The baseline's calibration trials of the needle longer than the extrapolation protocol's training length
+    (ablation_calibrate.py): how far its budget is from learning at long lengths, beside the same-length table."""
+    from ablation_runs import read_rows
+
+    if "passkey" not in spec["budgets"]:
+        return []
+    needle = dict(spec["budgets"]["passkey"]["params"])
+    trained = needle.pop("length")
+
+    def same_format(r: dict) -> bool:  # the suite's needle format at another length
+        params = dict(r["budget"]["params"])
+        return r["task"] == "passkey" and params.pop("length") > trained and params == needle
+
+    trials = [r for r in read_rows(path) if same_format(r)]
+    if not trials:
+        return []
+    parts = [
+        f"`{r['trial']}` ({r['budget']['params']['length']} tokens, batch {r['budget']['batch']}, lr "
+        f"{r['budget']['lr']:g}, seed {r['seed']}): best {max(a for _, a, *_ in r['curve']):.3f}, final "
+        f"{r['curve'][-1][1]:.3f} after {r['steps_done']:,} steps"
+        for r in trials
+    ]
+    return [
+        "Calibration of this protocol (the baseline alone, `benchmarks/ablation_calibrate.py`, answer accuracy on "
+        "held-out needles of the suite's format along training, chance 0.1): "
+        + "; ".join(parts)
+        + ". The baseline does not learn the long needle in these budgets, so a variant that does beats it; one "
+        "at chance is not evidence against that variant.",
+        "",
+    ]
+
+
 def _delta_text(r: dict) -> str:
     """Δ and its bootstrap interval: 3 decimals, or 2 significant digits in scientific notation where all of them
     are below 0.01 (N-body MSE gaps of ~1e-3 would print as -0.001 [-0.002, -0.001])."""
@@ -772,6 +808,8 @@ def evidence_tables(done: dict, cells: Sequence[Any], spec: Any, plan: Any) -> t
                     cellsrow.append(_cell_text(rows_of[(v, t)], c["key"], digits, by_cell[(v, t)].seeds, chosen))
             body.append([EVIDENCE_LABELS.get(v, v), *cellsrow])
         lines += [f"### {title}", "", *_table(header, body)]
+        if tasks == ("passkey_long",):
+            lines += ["", *long_needle_calibration(spec_dict)]
         # comparisons vs the baseline, Holm over the whole table
         tests = []
         for v in names:

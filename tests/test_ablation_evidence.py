@@ -452,3 +452,22 @@ def test_nbody_references_say_when_no_model_infers_the_hidden_velocity():
     learned = {**stuck, "versor_hybrid": [{"hidden_velocity_position_mse": 0.0100}] * 2}
     line = report.nbody_reference_lines({}, cells, EVIDENCE, fake_plan(learned), reference)[0]
     assert "none infers" not in line and "1%-93% of the way" in line
+
+
+def test_the_same_length_table_gives_the_baselines_long_needle_calibration(tmp_path):
+    needle = {"num_needles": 2, "num_distractors": 2, "num_digits": 2, "compact": True}
+
+    def trial(name, length, curve, **other):
+        budget = {"steps": 2400, "batch": 8, "lr": 1e-3, "params": {"length": length, **needle, **other}}
+        return {"trial": name, "task": "passkey", "seed": 0, "budget": budget, "curve": curve, "steps_done": 2400}
+
+    path = tmp_path / "trials.jsonl"
+    for row in (
+        trial("long", 512, [[200, 0.11, 1.0], [2400, 0.08, 9.0]]),
+        trial("trained_length", 80, [[800, 0.94, 1.0]]),  # not longer than the training length: not listed
+        trial("other_format", 512, [[800, 0.5, 1.0]], num_digits=3),  # another needle format: not listed
+    ):
+        runs.append_row(path, row)
+    lines = report.long_needle_calibration(ablation.asdict(EVIDENCE), path)
+    assert "`long` (512 tokens, batch 8, lr 0.001, seed 0): best 0.110, final 0.080 after 2,400 steps." in lines[0]
+    assert "trained_length" not in lines[0] and "other_format" not in lines[0]
