@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 from ablation_models import baseline_width, build_model
+from ablation_report import CALIBRATION_TRIALS as TRIALS_FILE  # one path, read by the torch-free report too
+from ablation_report import render_calibration
 from ablation_runs import (
     EVAL_SEED,
     Rows,
@@ -34,8 +35,7 @@ from ablation_runs import (
 )
 from measure import clock  # benchmarks/measure.py: the one wall clock of every benchmark
 
-RESULTS = Path(__file__).resolve().parent / "results"
-TRIALS_FILE = RESULTS / "calibration_trials.jsonl"
+RESULTS = TRIALS_FILE.parent
 MODEL = {"hidden": 128, "layers": 2, "heads": 4}
 
 # name -> (task, budget, model overrides, why)
@@ -329,7 +329,6 @@ def render() -> None:
     from dataclasses import asdict
 
     from ablation import SIZES, current_rows, read_rows
-    from ablation_report import render_calibration
     from ablation_runs import task_seq_len
 
     spec = SIZES["medium"]

@@ -882,6 +882,7 @@ def evidence_claims(
         "position_mse",
     )
     cv = f"{reference['const_velocity_position_mse']:.4f}" if reference else "n/a"
+    widths = widths or {}
     import ablation_plan
 
     options = len(ablation_plan.members("pct_tuned")) > 1  # a PCT scale option in ablation_models.VARIANTS
@@ -912,9 +913,9 @@ def evidence_claims(
             else ""
         ),
         f'- Versor (seed 004): "{SEED_VERSOR}" (the paper\'s own scale; no ± given). Here (Versor hidden '
-        f"searched up to {spec.versor_max_hidden}; {_versor_match(widths or {}, 'nbody')}): N-body {nbody_key} "
+        f"searched up to {spec.versor_max_hidden}; {_versor_match(widths, 'nbody')}): N-body {nbody_key} "
         f"{_claim(verdicts, head, 'versor_hybrid', nbody_key, 'nbody')} "
-        f"(constant-velocity extrapolation: {cv}). Recall ({_versor_match(widths or {}, 'mqar')}): MQAR "
+        f"(constant-velocity extrapolation: {cv}). Recall ({_versor_match(widths, 'mqar')}): MQAR "
         f"{_claim(verdicts, head, 'versor_hybrid', 'accuracy', 'mqar')}; the needle at the trained length "
         f"{_claim(verdicts, head, 'versor_hybrid', f'{NEEDLE}@1x', 'passkey')}.",
         "- ZPX (seed 000): the seed makes no performance claim; it prescribes a stepwise ablation (baseline, angle "
@@ -927,14 +928,14 @@ def nbody_reference_lines(done: dict, cells: Sequence[Any], spec: Any, plan: Any
     """The trivial predictors beside each N-body column, and where every variant sits between them: a zero-shot
     test on which all models score like the static-positions predictor measures no inference."""
     r = reference
-    lines = [
+    text = (
         "N-body references on the test trajectories (trivial predictors, no training): rollout position MSE "
         f"constant velocity {r['const_velocity_position_mse']:.4f}, static positions {r['static_position_mse']:.4f}; "
         f"one-step constant velocity {r['const_velocity_onestep_position_mse']:.2e}; energy drift constant velocity "
         f"{r['const_velocity_energy_drift']:.3f}, the simulator itself {r['simulator_energy_drift']:.4f}."
-    ]
+    )
     if "mass10_const_velocity_position_mse" in r:
-        lines[0] += (
+        text += (
             f" 10x mass: constant velocity {r['mass10_const_velocity_position_mse']:.4f}, static "
             f"{r['mass10_static_position_mse']:.4f}. Hidden velocity: static positions "
             f"{r['hidden_velocity_static_position_mse']:.4f}, constant velocity from the last two positions "
@@ -950,7 +951,7 @@ def nbody_reference_lines(done: dict, cells: Sequence[Any], spec: Any, plan: Any
         static, cv = r["hidden_velocity_static_position_mse"], r["hidden_velocity_const_velocity_position_mse"]
         lo, hi = min(means.values()), max(means.values())
         share = [(static - m) / (static - cv) for m in means.values()]  # 0: static, 1: finite-difference velocity
-        lines[0] += (
+        text += (
             f" On the hidden-velocity test the variants score {lo:.4f}-{hi:.4f}, "
             f"{min(share):.0%}-{max(share):.0%} of the way from static positions to the finite-difference "
             "predictor"
@@ -961,7 +962,7 @@ def nbody_reference_lines(done: dict, cells: Sequence[Any], spec: Any, plan: Any
                 else "."
             )
         )
-    return [*lines, ""]
+    return [text, ""]
 
 
 def curve_plot(done: dict, cells: Sequence[Any], spec: Any, plan: Any, stem: Path) -> Path | None:
