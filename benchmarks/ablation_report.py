@@ -939,8 +939,9 @@ def nbody_reference_lines(done: dict, cells: Sequence[Any], spec: Any, plan: Any
             f" 10x mass: constant velocity {r['mass10_const_velocity_position_mse']:.4f}, static "
             f"{r['mass10_static_position_mse']:.4f}. Hidden velocity: static positions "
             f"{r['hidden_velocity_static_position_mse']:.4f}, constant velocity from the last two positions "
-            f"{r['hidden_velocity_const_velocity_position_mse']:.4f}. The paper's third zero-shot test (3 / 7 bodies) "
-            "is not run: it needs one token per body, and a token here is one time step of all bodies."
+            f"{r['hidden_velocity_const_velocity_position_mse']:.4f}. The paper's third zero-shot test (trained on 5 "
+            "bodies, tested on 3 / 7) is not run: a token here is one time step of all bodies, a fixed input size "
+            "for every model, Versor's included, and the test needs one token per body."
         )
     means = {}
     for cell in cells:
