@@ -753,9 +753,37 @@ def long_needle_calibration(spec: dict, path: Path = CALIBRATION_TRIALS) -> list
         "held-out needles of the suite's format along training, chance 0.1): "
         + "; ".join(parts)
         + ". The baseline does not learn the long needle in these budgets, so a variant that does beats it; one "
-        "at chance is not evidence against that variant.",
-        "",
+        "at chance is not evidence against that variant."
     ]
+
+
+def learned_nothing_columns(rows_of: dict, columns: Sequence[tuple[str, dict]]) -> dict[tuple[str, str], str]:
+    """(task, column key) -> a note, for each needle column on which every variant is right and wrong on exactly
+    the same test examples, seed by seed: at a training loss of a uniform guess over the digits that measures no
+    model, and its verdicts compare non-learners."""
+    notes = {}
+    for task, column in columns:
+        if not column["key"].startswith("passkey_digit_acc@"):
+            continue
+        bits_key = column["key"].replace("passkey_digit_acc@", "passkey_bits@")
+        rows = {v: rs for (v, t), rs in rows_of.items() if t == task and rs}
+        by_seed: dict[int, dict[str, str]] = {}
+        for v, rs in rows.items():
+            for r in rs:
+                if bits_key in r:
+                    by_seed.setdefault(r["seed"], {})[v] = r[bits_key]
+        alike = all(len(s) == len(rows) and len(set(s.values())) == 1 for s in by_seed.values())
+        if len(rows) < 2 or not by_seed or not alike:
+            continue
+        losses = [r["final_train_loss"] for rs in rows.values() for r in rs if "final_train_loss" in r]
+        loss = f", at a final training loss of {min(losses):.2f}-{max(losses):.2f}" if losses else ""
+        notes[(task, column["key"])] = (
+            f"{column['label']}: every variant is right and wrong on exactly the same test examples in every seed "
+            f"(identical per-example results){loss} against ln 10 = {math.log(10):.2f} for a uniform guess over the "
+            "digits: no model learned the task in this budget, and the verdicts on this column compare models that "
+            "learned nothing."
+        )
+    return notes
 
 
 def _delta_text(r: dict) -> str:
@@ -808,8 +836,11 @@ def evidence_tables(done: dict, cells: Sequence[Any], spec: Any, plan: Any) -> t
                     cellsrow.append(_cell_text(rows_of[(v, t)], c["key"], digits, by_cell[(v, t)].seeds, chosen))
             body.append([EVIDENCE_LABELS.get(v, v), *cellsrow])
         lines += [f"### {title}", "", *_table(header, body)]
-        if tasks == ("passkey_long",):
-            lines += ["", *long_needle_calibration(spec_dict)]
+        untrained = learned_nothing_columns(rows_of, columns)
+        notes = [*untrained.values()]
+        notes += long_needle_calibration(spec_dict) if tasks == ("passkey_long",) else []
+        for note in notes:
+            lines += ["", note]
         # comparisons vs the baseline, Holm over the whole table
         tests = []
         for v in names:
@@ -824,6 +855,7 @@ def evidence_tables(done: dict, cells: Sequence[Any], spec: Any, plan: Any) -> t
         table: dict[tuple[str, str], str] = {}
         for (v, t, c, r), p_adj in zip(tests, adjusted):
             r["p_holm"] = p_adj
+            r["learned_nothing"] = (t, c["key"]) in untrained
             r["verdict"] = verdict_word(r["diff"], p_adj, c["higher"]) if min(r["n"]) >= 2 else "too few seeds"
             ci = f"; {_delta_text(r)}" if "ci" in r or not math.isnan(r["diff"]) else ""
             table[(v, c["label"])] = f"{r['verdict']} (Holm {_fmt_p(p_adj)}{ci})"
@@ -856,7 +888,8 @@ def _claim(verdicts: dict, table: str, variant: str, key: str, task: str) -> str
     r = next((r for k, r in verdicts.items() if k == f"{table}|{variant}|{key}|{task}"), None)
     if r is None:
         return "undecided (not run yet)"
-    return f"{r['verdict']} (Holm {_fmt_p(r['p_holm'])}, {_delta_text(r)}, n = {r['n'][0]} vs {r['n'][1]})"
+    text = f"{r['verdict']} (Holm {_fmt_p(r['p_holm'])}, {_delta_text(r)}, n = {r['n'][0]} vs {r['n'][1]})"
+    return text + (" — but no variant learned this task, the baseline included" if r.get("learned_nothing") else "")
 
 
 def _versor_match(widths: dict, task: str) -> str:

@@ -472,3 +472,31 @@ def test_the_same_length_table_gives_the_baselines_long_needle_calibration(tmp_p
     lines = report.long_needle_calibration(ablation.asdict(EVIDENCE), path)
     assert "`long` (512 tokens, batch 8, lr 0.001, seed 0): best 0.110, final 0.080 after 2,400 steps." in lines[0]
     assert "trained_length" not in lines[0] and "other_format" not in lines[0]
+
+
+def test_a_needle_column_no_variant_learned_is_named_and_its_claims_say_so():
+    column = {"key": "passkey_digit_acc@1x", "label": "needle acc @512", "higher": True}
+    guess = {0: "00a0", 1: "0a00"}  # per-example bits of one constant guess, per seed
+
+    def rows(bits_of_seed, loss=2.33):
+        return [
+            {"seed": s, "passkey_bits@1x": b, "passkey_digit_acc@1x": 0.1, "final_train_loss": loss}
+            for s, b in bits_of_seed.items()
+        ]
+
+    rows_of = {("baseline", "passkey_long"): rows(guess), ("pct", "passkey_long"): rows(guess, 2.35)}
+    notes = report.learned_nothing_columns(rows_of, [("passkey_long", column)])
+    note = notes[("passkey_long", "passkey_digit_acc@1x")]
+    assert "exactly the same test examples in every seed" in note and "2.33-2.35 against ln 10 = 2.30" in note
+    # one seed where the two differ: some model learned something, no note
+    rows_of[("pct", "passkey_long")] = rows({0: "00a0", 1: "ffff"})
+    assert report.learned_nothing_columns(rows_of, [("passkey_long", column)]) == {}
+    # a column that is not a needle column is never judged this way
+    other = {"key": "accuracy", "label": "MQAR acc", "higher": True}
+    assert report.learned_nothing_columns({("baseline", "mqar"): rows(guess)}, [("mqar", other)]) == {}
+
+    verdict = {"verdict": "within noise", "p_holm": 1.0, "diff": 0.0, "ci": (-0.02, 0.02), "n": (2, 2)}
+    key = "t|pct|passkey_digit_acc@1x|passkey_long"
+    assert "no variant learned" not in report._claim({key: verdict}, "t", "pct", column["key"], "passkey_long")
+    flagged = report._claim({key: {**verdict, "learned_nothing": True}}, "t", "pct", column["key"], "passkey_long")
+    assert flagged.endswith("— but no variant learned this task, the baseline included")
