@@ -759,8 +759,8 @@ def long_needle_calibration(spec: dict, path: Path = CALIBRATION_TRIALS) -> list
 
 def learned_nothing_columns(rows_of: dict, columns: Sequence[tuple[str, dict]]) -> dict[tuple[str, str], str]:
     """(task, column key) -> a note, for each needle column on which every variant is right and wrong on exactly
-    the same test examples, seed by seed: at a training loss of a uniform guess over the digits that measures no
-    model, and its verdicts compare non-learners."""
+    the same test examples, seed by seed: different models agreeing example by example have learned nothing (the
+    note gives their training loss beside a uniform guess's), so that column's verdicts compare non-learners."""
     notes = {}
     for task, column in columns:
         if not column["key"].startswith("passkey_digit_acc@"):
