@@ -37,6 +37,8 @@ from measure import clock  # benchmarks/measure.py: the one wall clock of every 
 
 RESULTS = TRIALS_FILE.parent
 MODEL = {"hidden": 128, "layers": 2, "heads": 4}
+# the 2-digit compact needle (trial needle_compact_80_d2, the suite's format) without its length
+NEEDLE_D2 = {"num_needles": 2, "num_distractors": 2, "num_digits": 2, "compact": True}
 
 # name -> (task, budget, model overrides, why)
 TRIALS: dict[str, tuple[str, TaskBudget, dict[str, int], str]] = {
@@ -147,7 +149,7 @@ TRIALS: dict[str, tuple[str, TaskBudget, dict[str, int], str]] = {
             steps=2000,
             batch=32,
             lr=1e-3,
-            params={"length": 80, "num_needles": 2, "num_distractors": 2, "num_digits": 2, "compact": True},
+            params={**NEEDLE_D2, "length": 80},
         ),
         {},
         "as needle_compact_80 with 2-digit numbers (one copied digit after the keyed one instead of two)",
@@ -158,7 +160,7 @@ TRIALS: dict[str, tuple[str, TaskBudget, dict[str, int], str]] = {
             steps=2400,
             batch=8,
             lr=1e-3,
-            params={"length": 512, "num_needles": 2, "num_distractors": 2, "num_digits": 2, "compact": True},
+            params={**NEEDLE_D2, "length": 512},
         ),
         {},
         "the evidence suite's same-length needle (512 tokens, batch 8): its 400-step budget left the baseline at "
@@ -170,7 +172,7 @@ TRIALS: dict[str, tuple[str, TaskBudget, dict[str, int], str]] = {
             steps=2400,
             batch=16,
             lr=1e-3,
-            params={"length": 256, "num_needles": 2, "num_distractors": 2, "num_digits": 2, "compact": True},
+            params={**NEEDLE_D2, "length": 256},
         ),
         {},
         "the same-length needle at 256 tokens, batch 16 (the tokens per step of needle_compact_512_d2): whether a "

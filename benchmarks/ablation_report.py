@@ -885,7 +885,7 @@ def asdict_spec(spec: Any) -> dict[str, Any]:
 
 
 def _claim(verdicts: dict, table: str, variant: str, key: str, task: str) -> str:
-    r = next((r for k, r in verdicts.items() if k == f"{table}|{variant}|{key}|{task}"), None)
+    r = verdicts.get(f"{table}|{variant}|{key}|{task}")
     if r is None:
         return "undecided (not run yet)"
     text = f"{r['verdict']} (Holm {_fmt_p(r['p_holm'])}, {_delta_text(r)}, n = {r['n'][0]} vs {r['n'][1]})"
