@@ -282,12 +282,11 @@ def check_models(rows: list[dict[str, Any]]) -> None:
         print(f"{'PASS' if ok else 'FAIL'} {name} " + " ".join(f"{k}={v:.1e}" for k, v in errors.items()), flush=True)
 
 
-def benchmark(lengths: list[int]) -> list[dict[str, Any]]:
-    """bench_attention's CUDA measurement in this process (bf16; RRA fp32)."""
+def benchmark(lengths: list[int], rows: list[dict[str, Any]], after_each: Callable[[], Any]) -> None:
+    """bench_attention's CUDA measurement in this process (bf16; RRA fp32), appended to `rows`."""
     import torch
     from bench_attention import PATHS, worker  # this script's folder is on sys.path when run as a script
 
-    rows = []
     for path in PATHS:
         for length in lengths:
             if path in ("zpx_materialised", "gpa_reference") and length > 4096:
@@ -302,14 +301,14 @@ def benchmark(lengths: list[int]) -> list[dict[str, Any]]:
                 rows.append({"path": path, "L": length, "status": f"failed: {type(error).__name__}"})
             torch.cuda.empty_cache()
             print(rows[-1], flush=True)
-    return rows
+            after_each()
 
 
 def report(checks: list[dict[str, Any]], bench: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     failed = [c for c in checks if not c["ok"]]
     lines = [
         f"Command: `{meta['command']}` — {meta['date']} — {meta['device']}, torch {meta['torch']}, "
-        f"triton {meta['triton']}; {meta['minutes']:.1f} min.",
+        f"triton {meta['triton']}; {meta['minutes']:.1f} min ({meta['stage']}).",
         "",
         f"**Correctness: {len(checks) - len(failed)}/{len(checks)} checks pass.** Error = max |x - ref| / max |ref|, "
         "reference in fp32 on the same rounded inputs; limits fp32 2e-3, fp16 1e-2, bf16 4e-2 (gradients 2x).",
@@ -371,6 +370,25 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     dtypes = [torch.float32, torch.float16] if SMOKE else [torch.float32, torch.float16, torch.bfloat16]
     checks: list[dict[str, Any]] = []
+    bench: list[dict[str, Any]] = []
+
+    def write_partial(stage: str) -> str:
+        """The table so far, rewritten after every stage: a session cut short still leaves its results."""
+        meta = {
+            "command": " ".join(["python benchmarks/gpu_check.py", *(argv if argv is not None else sys.argv[1:])]),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else "CPU (TRITON_INTERPRET=1 smoke test)",
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "minutes": (time.perf_counter() - started) / 60,
+            "stage": stage,
+        }
+        text = report(checks, bench, meta)
+        if not SMOKE:
+            args.output.mkdir(parents=True, exist_ok=True)
+            (args.output / "gpu_check.md").write_text(text)
+        return text
+
     for name, run in (
         ("pct", lambda: check_pct(checks, dtypes, args.quick)),
         ("gpa", lambda: check_gpa(checks, dtypes, args.quick)),
@@ -383,19 +401,10 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as error:  # a crashing kernel is a failed check, the rest still run
             checks.append({"check": f"{name} (crashed)", "dtype": "-", "ok": False, "errors": {}})
             print(f"FAIL {name} crashed: {type(error).__name__}: {error}\n{traceback.format_exc(limit=4)}", flush=True)
-    bench = [] if args.quick else benchmark(args.lengths)
-    meta = {
-        "command": " ".join(["python benchmarks/gpu_check.py", *(argv if argv is not None else sys.argv[1:])]),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else "CPU (TRITON_INTERPRET=1 smoke test)",
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "minutes": (time.perf_counter() - started) / 60,
-    }
-    text = report(checks, bench, meta)
-    if not SMOKE:
-        args.output.mkdir(parents=True, exist_ok=True)
-        (args.output / "gpu_check.md").write_text(text)
+        write_partial(f"after the {name} checks")
+    if not args.quick:
+        benchmark(args.lengths, bench, lambda: write_partial("benchmark in progress"))
+    text = write_partial("complete")
     print(text)
     return 0 if all(c["ok"] for c in checks) else 1
 
