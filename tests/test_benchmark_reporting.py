@@ -52,12 +52,28 @@ def test_update_readme_check_mode(tmp_path):
 
 
 def test_readme_tables_match_the_committed_results():
-    """Every generated README section equals its benchmarks/results/<name>.md (no hand-typed numbers)."""
-    readme = BENCH.parent / "README.md"
-    text = readme.read_text(encoding="utf-8")
-    refreshed, updated = update_readme.inject(text, BENCH / "results")
-    assert {"zpx_memory_cpu", "main_job", "ablation_small", "bench_attention"} <= set(updated)
-    assert refreshed == text, "README is stale: run `python benchmarks/update_readme.py`"
+    """Every generated section of the README and docs/ equals its benchmarks/results/<name>.md (no hand-typed
+    numbers)."""
+    seen: set[str] = set()
+    for page in update_readme.pages(BENCH.parent):
+        text = page.read_text(encoding="utf-8")
+        prefix = "../" if page.parent.name == "docs" else ""
+        refreshed, updated = update_readme.inject(text, BENCH / "results", prefix)
+        seen |= set(updated)
+        assert refreshed == text, f"{page.name} is stale: run `python benchmarks/update_readme.py`"
+    assert {"zpx_memory_cpu", "main_job", "ablation_small", "bench_attention", "ablation_evidence"} <= seen
+
+
+def test_generated_links_are_relative_to_their_page():
+    """A results file's link to benchmarks/results/x.png reads ../benchmarks/results/x.png inside docs/."""
+    text = "<!-- BEGIN: x -->\n<!-- END: x -->\n"
+    results = BENCH / "results"
+    name = "bench_attention"
+    text = text.replace("x", name)
+    in_docs, _ = update_readme.inject(text, results, "../")
+    at_root, _ = update_readme.inject(text, results)
+    assert "](../benchmarks/results/bench_attention.png)" in in_docs
+    assert "](benchmarks/results/bench_attention.png)" in at_root
 
 
 def test_verdict_uses_sum_of_stds():
