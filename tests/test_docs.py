@@ -30,3 +30,11 @@ def test_every_docs_page_is_linked_from_the_readme():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     unlinked = [p.name for p in PAGES[1:] if f"docs/{p.name}" not in readme and p.name != "evidence_superseded.md"]
     assert not unlinked, f"docs pages the README does not link: {unlinked}"
+
+
+def test_pre_commit_ruff_matches_the_dev_pin():
+    """pre-commit and `make check` run one ruff: the hook's rev equals the dev extra's pin."""
+    hook = re.search(r"ruff-pre-commit\n\s+rev: v([\d.]+)", (ROOT / ".pre-commit-config.yaml").read_text())
+    pin = re.search(r'"ruff==([\d.]+)"', (ROOT / "pyproject.toml").read_text())
+    assert hook and pin, "pin ruff in pyproject's dev extra and the pre-commit hook's rev"
+    assert hook.group(1) == pin.group(1), f"pre-commit runs ruff {hook.group(1)}, the dev extra pins {pin.group(1)}"
