@@ -21,8 +21,10 @@ EVIDENCE = SIZES["evidence"]
 # ---- the package -------------------------------------------------------------------------------------------
 
 # benchmarks/evidence/ bottom up (the package docstring's order): a module imports only modules before it here
-LAYERS = ("protocol", "rows", "stats", "training", "nbody", "tasks", "models", "runs", "sizes", "plan", "report")
-LAYERS += ("suite",)
+LAYERS = (
+    *("protocol", "rows", "stats", "training", "nbody", "tasks"),
+    *("models", "runs", "sizes", "plan", "report", "suite"),
+)
 TOOLS = ("calibrate", "nbody_study", "pct_defaults", "__main__")  # entry points: nothing imports them
 
 
