@@ -117,7 +117,7 @@ def weights_mismatch(folder: str | os.PathLike) -> str | None:
     the config makes another shape), or None; read from the file headers and a meta-device model, so a mismatch is
     named in one line before `from_pretrained` logs its table and raises."""
     import torch
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
 
     place = Path(folder)
@@ -133,14 +133,17 @@ def weights_mismatch(folder: str | os.PathLike) -> str | None:
     except (ValueError, KeyError, TypeError, OSError):
         return None  # not a family this package builds: from_pretrained reports it
     for file in files:
-        with safe_open(file, "pt") as f:
-            for name in f.keys():
-                shape = list(f.get_slice(name).get_shape())
-                if name in expected and expected[name] != shape:
-                    return (
-                        f"{name} is {shape} in {file.name} but {expected[name]} by its config.json: the config is not "
-                        "the one saved with these weights"
-                    )
+        try:
+            with safe_open(file, "pt") as f:
+                shapes = {name: list(f.get_slice(name).get_shape()) for name in f.keys()}
+        except SafetensorError:
+            return None  # a truncated file: from_pretrained reports it
+        for name, shape in shapes.items():
+            if name in expected and expected[name] != shape:
+                return (
+                    f"{name} is {shape} in {file.name} but {expected[name]} by its config.json: the config is not "
+                    "the one saved with these weights"
+                )
     return None
 
 
