@@ -118,7 +118,8 @@ class _YamlLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, str):  # `1: x`, `? [a, b]`: never a field name (and not hashable, for a list)
-                problem = f"key {key!r} is a {type(key).__name__}, not a name; config keys are names such as `seed`"
+                kind = {bool: "a boolean", int: "a number", float: "a number", list: "a list"}.get(type(key), "a value")
+                problem = f"key {key!r} is {kind}, not a name; config keys are names such as `seed`"
                 raise _Refused(problem=problem, problem_mark=key_node.start_mark)
             if key in seen:
                 raise _Refused(problem=f"duplicate key {key!r}; keep one", problem_mark=key_node.start_mark)
