@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_training import SMALL, StopAt
+from helpers_training import SMALL, CountSteps, StopAt
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
@@ -62,16 +62,6 @@ class KillAtTrainEnd(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         raise KeyboardInterrupt
-
-
-class CountSteps(TrainerCallback):
-    """The optimizer steps a run actually executes (a run that ignored its checkpoint would execute them all)."""
-
-    def __init__(self):
-        self.steps = []
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.steps.append(state.global_step)
 
 
 def _files(folder):
