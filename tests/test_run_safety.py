@@ -431,6 +431,7 @@ def test_resume_last_refuses_a_checkpoint_of_another_run_copied_into_the_folder(
     assert main(flags) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("zpx-train:")]
     assert len(err) == 1 and "checkpoint-32 belongs to another zpx-train run (pct, config pct-tiny.yaml" in err[0]
+    assert err[0].endswith(f"move it out of {out}."), err
     assert not (out / "checkpoint-34").exists()
 
 
@@ -449,4 +450,4 @@ def test_an_overwrite_killed_midway_is_named_by_the_next_run(tmp_path, finished_
     assert main([MICRO, *QUICK, "--output_dir", str(out), "--max_steps", "2"]) == 2  # a run without flags
     err = capsys.readouterr().err
     assert f"warning: {out / ASIDE} holds the {old.describe()} that an interrupted overwrite replaced" in err
-    assert f"it is kept until you restore or delete it. To restore it, delete every other entry of {out}" in err
+    assert f"the next run to finish in {out} deletes it. To restore it, delete every other entry of {out}" in err

@@ -208,7 +208,13 @@ def identity_of(marker: dict[str, Any] | None) -> RunIdentity | None:
     )
 
 
-def check_identity(ours: RunIdentity, folder: str | os.PathLike, key: str, what: str) -> None:
+def check_identity(
+    ours: RunIdentity,
+    folder: str | os.PathLike,
+    key: str,
+    what: str,
+    fix: str = "use a checkpoint of this run, or start over without it",
+) -> None:
     """Refuse `folder` (a checkpoint, or its run folder) unless its marker records this run's fingerprint."""
     place = Path(folder)
     marker = read_marker(place)
@@ -222,8 +228,7 @@ def check_identity(ours: RunIdentity, folder: str | os.PathLike, key: str, what:
         )
     if theirs.fingerprint != ours.fingerprint:
         raise ConfigError(
-            f"key `{key}`: {what} {place} belongs to another {theirs.describe()}, not this {ours.describe()}; "
-            "use a checkpoint of this run, or start over without it."
+            f"key `{key}`: {what} {place} belongs to another {theirs.describe()}, not this {ours.describe()}; {fix}."
         )
 
 
@@ -371,7 +376,8 @@ def resolve_resume(training_args: Any, ours: RunIdentity, finished: bool) -> Res
         skipped: list[str] = []
         chosen = None
         for candidate in reversed(found):
-            check_identity(ours, candidate, key, "checkpoint")  # a checkpoint of another run copied in
+            # a checkpoint of another run copied in: refused, not skipped (someone put it there)
+            check_identity(ours, candidate, key, "checkpoint", f"move it out of {training_args.output_dir}")
             problem = checkpoint_problem(candidate)
             if problem is None:
                 chosen = candidate
@@ -550,14 +556,10 @@ class RunFolder:
             return
         replaced = identity_of(read_marker(aside))
         what = replaced.describe() if replaced else "files"
-        fate = (
-            "this overwrite deletes it when it finishes"
-            if self.overwrite
-            else "it is kept until you restore or delete it"
-        )
         print(
-            f"warning: {aside} holds the {what} that an interrupted overwrite replaced; {fate}. To restore it, "
-            f"delete every other entry of {self.folder} and move the contents of {ASIDE}/ back into it.",
+            f"warning: {aside} holds the {what} that an interrupted overwrite replaced; the next run to finish in "
+            f"{self.folder} deletes it. To restore it, delete every other entry of {self.folder} and move the "
+            f"contents of {ASIDE}/ back into it.",
             file=sys.stderr,
             flush=True,
         )
