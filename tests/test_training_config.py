@@ -268,3 +268,35 @@ def test_the_data_check_reads_only_the_start_of_a_large_file(tmp_path):
     check_local_source("config.yaml", str(late), "text")
     with pytest.raises(ConfigError, match=r"key `data.text_source` = .*late.txt.*cannot read it"):
         load_text_documents(DataArguments(text_source=str(late)))
+
+
+def test_a_large_corpus_with_block_caps_is_read_only_as_far_as_the_blocks_need(tmp_path, monkeypatch):
+    """`max_train_blocks: 64` on a corpus of gigabytes: the job must not hold every document in memory (a 3 GB
+    `.txt` ran out of a 4 GiB cap). A 48 MiB corpus stands in: building the datasets after `datasets` has
+    cached the file allocates a small fraction of it in Python, and the blocks are the same as from a list."""
+    import tracemalloc
+
+    import datasets
+
+    from zpx_hf_train.data import build_datasets
+    from zpx_hf_train.data_tasks import open_documents, pack_documents, split_documents
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))  # not the user's cache
+    corpus = tmp_path / "large.txt"
+    paragraph = "a paragraph of the corpus, " * 36
+    with open(corpus, "w", encoding="utf-8") as f:
+        for i in range(48 << 10):  # 48 Ki paragraphs of ~1 KiB
+            f.write(f"{i} {paragraph}\n\n")
+    data = DataArguments(text_source=str(corpus), seq_len=64, max_train_blocks=64, max_eval_blocks=4, tasks=[])
+    view = open_documents(str(corpus))  # datasets builds its cache of the file (not measured)
+    assert len(view) == 48 << 10 and view[5] == f"5 {paragraph}"
+    tracemalloc.start()
+    try:
+        built = build_datasets(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"building the datasets allocated {peak / 2**20:.0f} MiB for a 48 MiB corpus"
+    train_docs, heldout_docs = split_documents(list(view), data.heldout_fraction, data.split_seed)  # the list path
+    assert built["train"]["input_ids"] == pack_documents(train_docs, 64, 64)
+    assert len(built["heldout"]) == 4 and built["heldout"]["input_ids"] == pack_documents(heldout_docs, 64, 4)

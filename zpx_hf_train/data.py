@@ -11,7 +11,7 @@ from __future__ import annotations
 import codecs
 import csv
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -287,14 +287,15 @@ def _check_csv(where: str, file: Path, text_column: str) -> None:
         csv.field_size_limit(limit)
 
 
-def load_text_documents(data: DataArguments) -> list[str]:
-    """The corpus documents; a source that `datasets` cannot read becomes one `ConfigError` line."""
+def load_text_documents(data: DataArguments) -> Sequence[str]:
+    """The corpus documents (a `DocumentView` of a `datasets` source: read when used); a source that `datasets`
+    cannot read becomes one `ConfigError` line."""
     from datasets.exceptions import DatasetsError
 
-    from zpx_hf_train.data_tasks import load_documents
+    from zpx_hf_train.data_tasks import open_documents
 
-    try:
-        documents = load_documents(
+    try:  # read lazily: `build_datasets` reads only the documents its block caps need
+        documents = open_documents(
             data.text_source, data.text_column, data.dataset_config_name, data.dataset_split, data.max_documents
         )
     except (ValueError, FileNotFoundError, RuntimeError, OSError) as error:
