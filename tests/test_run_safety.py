@@ -64,6 +64,14 @@ class KillAtTrainEnd(TrainerCallback):
         raise KeyboardInterrupt
 
 
+def _resume_last(out, capsys, max_steps):
+    """`resume last` of the micro run in `out` up to `max_steps`: its result, the steps it trained, what it printed."""
+    capsys.readouterr()
+    steps = CountSteps()
+    flags = ["--max_steps", str(max_steps), "--save_steps", "2", "--resume_from_checkpoint", "last"]
+    return _train(out, *flags, callbacks=[steps]), steps.steps, capsys.readouterr()
+
+
 def _files(folder):
     return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != LOCK_FILE}
 
@@ -139,15 +147,10 @@ def test_resume_skips_truncated_checkpoints_and_names_them(tmp_path, capsys):
     text = state.read_text()
     state.write_text(text[: len(text) // 2])  # a kill while writing the state
     assert checkpoint_problem(out / "checkpoint-4") == "truncated trainer_state.json"
-    capsys.readouterr()
-    steps = CountSteps()
-    resumed = _train(
-        out, "--max_steps", "6", "--save_steps", "2", "--resume_from_checkpoint", "last", callbacks=[steps]
-    )
-    printed = capsys.readouterr()
+    resumed, steps, printed = _resume_last(out, capsys, max_steps=6)
     assert f"resuming from {out / 'checkpoint-2'}" in printed.out
     assert "not the newest checkpoint: skipped checkpoint-4 (truncated trainer_state.json)" in printed.err
-    assert resumed["trainer"].state.global_step == 6 and steps.steps == [3, 4, 5, 6]  # only the remaining steps
+    assert resumed["trainer"].state.global_step == 6 and steps == [3, 4, 5, 6]  # only the remaining steps
 
     # weights cut short under an intact state: refused when named explicitly, skipped by `resume last`
     weights = out / "checkpoint-6" / "model.safetensors"
@@ -155,15 +158,10 @@ def test_resume_skips_truncated_checkpoints_and_names_them(tmp_path, capsys):
     assert checkpoint_problem(out / "checkpoint-6") == "truncated model.safetensors"
     with pytest.raises(ConfigError, match=r"checkpoint-6' is not a complete checkpoint \(truncated model.safetensors"):
         _train(out, "--max_steps", "8", "--resume_from_checkpoint", str(out / "checkpoint-6"))
-    capsys.readouterr()
-    steps = CountSteps()
-    resumed = _train(
-        out, "--max_steps", "8", "--save_steps", "2", "--resume_from_checkpoint", "last", callbacks=[steps]
-    )
-    printed = capsys.readouterr()
+    resumed, steps, printed = _resume_last(out, capsys, max_steps=8)
     assert f"resuming from {out / 'checkpoint-4'}" in printed.out  # re-saved whole by the resumed run
     assert "skipped checkpoint-6 (truncated model.safetensors)" in printed.err
-    assert resumed["trainer"].state.global_step == 8 and steps.steps == [5, 6, 7, 8]
+    assert resumed["trainer"].state.global_step == 8 and steps == [5, 6, 7, 8]
     optimizer = out / "checkpoint-2" / "optimizer.pt"
     optimizer.write_bytes(optimizer.read_bytes()[:1000])
     assert checkpoint_problem(out / "checkpoint-2") == "truncated optimizer.pt"
@@ -396,18 +394,13 @@ def test_resume_verifies_complete_optimizer_state_and_checksums(tmp_path, capsys
     )
     with pytest.raises(ConfigError, match=r"checkpoint-4' is not a complete checkpoint \(model.safetensors changed"):
         _train(out, "--max_steps", "8", "--resume_from_checkpoint", str(out / "checkpoint-4"))
-    capsys.readouterr()
-    steps = CountSteps()
-    resumed = _train(
-        out, "--max_steps", "8", "--save_steps", "2", "--resume_from_checkpoint", "last", callbacks=[steps]
-    )
-    printed = capsys.readouterr()
+    resumed, steps, printed = _resume_last(out, capsys, max_steps=8)
     assert f"resuming from {out / 'checkpoint-2'}" in printed.out
     assert (
         "warning: resuming from checkpoint-2, not the newest checkpoint: skipped checkpoint-6 (no optimizer.pt (the "
         "optimizer state is incomplete)); checkpoint-4 (model.safetensors changed since it was saved" in printed.err
     )
-    assert resumed["trainer"].state.global_step == 8 and steps.steps == [3, 4, 5, 6, 7, 8]
+    assert resumed["trainer"].state.global_step == 8 and steps == [3, 4, 5, 6, 7, 8]
 
     # a trainer state of `{}` (and a checkpoint without its manifest) is named, not a TypeError
     (out / "checkpoint-8" / "trainer_state.json").write_text("{}")
