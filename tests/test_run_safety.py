@@ -19,6 +19,7 @@ import json
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -211,17 +212,20 @@ def test_run_killed_after_its_last_step_is_finished_by_resume(tmp_path):
         _train(out, "--max_steps", "4", "--save_steps", "2", "--resume_from_checkpoint", "last")
 
 
-# A write that fails part-way, as on a full disk: the file-size limit stops every write past 64 bytes (EFBIG)
-FAILING_WRITE = """
-import resource, signal, sys
-from zpx_hf_train.report import write_report
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG as an OSError instead of the signal's kill
-resource.setrlimit(resource.RLIMIT_FSIZE, (64, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
-try:
-    write_report(sys.argv[1], {"heldout": {"perplexity": 3.0, "bits_per_byte": 1.5, "tokens": 7}}, title="x" * 100)
-except OSError as error:
-    print("failed:", error.strerror)
-"""
+@contextmanager
+def _file_size_limit(limit):
+    """Every write past `limit` bytes of a file fails part-way with EFBIG, as on a full disk."""
+    import resource
+    import signal
+
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG as an OSError, not the signal's kill
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
 
 
 def test_reports_are_written_atomically(tmp_path):
@@ -230,8 +234,8 @@ def test_reports_are_written_atomically(tmp_path):
     with pytest.raises(TypeError):
         write_report(str(tmp_path), {"heldout": {"perplexity": 2.0, "bits_per_byte": 1.0, "tokens": object()}})
     assert {name: (tmp_path / name).read_text() for name in good} == good
-    done = subprocess.run([sys.executable, "-c", FAILING_WRITE, str(tmp_path)], capture_output=True, text=True)
-    assert "failed: File too large" in done.stdout, done.stdout + done.stderr  # the write did fail part-way
+    with _file_size_limit(64), pytest.raises(OSError, match="File too large"):  # 64 bytes written, then it fails
+        write_report(str(tmp_path), {"heldout": {"perplexity": 3.0, "bits_per_byte": 1.5, "tokens": 7}}, title="x")
     assert {name: (tmp_path / name).read_text() for name in good} == good  # the old files, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "report.md"]  # no temporary left
 
