@@ -4,7 +4,7 @@ Forward + backward of one op call, B=1, causal:
 
 GPA, H=2 heads, c=2 multivector channels per head (D=64), `geometric_product_attention(kernel=...)`:
 * `gpa-naive`      materialises the [B, H, L, L, 11] scalar/bivector products (the reference)
-* `gpa-chunked`    kernel "cpu": query panels x causal key blocks, online softmax, recomputing backward: O(L) memory
+* `gpa-chunked`    kernel "chunk": query panels x causal key blocks, online softmax, recomputing backward: O(L) memory
 * `gpa-triton`     the flash-style kernel (CUDA only: on CPU Triton only has its interpreter)
 * `sdpa`           torch SDPA softmax attention on the same q, k, v (the baseline of the ratios)
 On CPU the GPA times come from one process per L that runs the methods interleaved, round after round
@@ -48,7 +48,7 @@ RRA_METHODS = ("rra-sequential", "rra-scan", "rra-triton", "rra-sdpa")
 RRA_CPU_METHODS = ("rra-sdpa", "rra-scan", "rra-sequential")
 RRA_HEADS, RRA_CHANNELS = 4, 2
 # each method's `kernel=` in the ops' one vocabulary (ops_common.KERNEL_NAMES); the labels are the results'
-KERNELS = {"gpa-naive": "naive", "gpa-chunked": "cpu", "gpa-triton": "triton"}
+KERNELS = {"gpa-naive": "naive", "gpa-chunked": "chunk", "gpa-triton": "triton"}
 KERNELS.update({"rra-sequential": "naive", "rra-scan": "cpu", "rra-triton": "triton"})
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import TINY_VOCAB, make_tiny_config
 
-from zpx_hf import VersorConfig, VersorForCausalLM, ops_gpa_cpu
+from zpx_hf import VersorConfig, VersorForCausalLM, ops_gpa_chunk
 from zpx_hf.clifford_algebra import BOOST_INDICES, rotor_exp
 from zpx_hf.modeling_blocks import CACHE_FIELD
 from zpx_hf.ops_gpa import HAS_TRITON, geometric_product_attention
@@ -80,15 +80,15 @@ def gpa_packed_and_alone(kernel, dtype, causal, bivector=True):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Panels and key blocks smaller than a document: block skipping and per-block document masks run."""
-    monkeypatch.setattr(ops_gpa_cpu, "PANEL", 4)
-    monkeypatch.setattr(ops_gpa_cpu, "BLOCK", 4)
+    monkeypatch.setattr(ops_gpa_chunk, "PANEL", 4)
+    monkeypatch.setattr(ops_gpa_chunk, "BLOCK", 4)
 
 
 NAMES = ("output", "d query", "d key", "d value", "d gamma")
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("kernel", ["naive", "cpu"])
+@pytest.mark.parametrize("kernel", ["naive", "chunk"])
 def test_gpa_packed_equals_each_document_alone_float64(kernel, causal, small_chunks):
     packed, alone = gpa_packed_and_alone(kernel, torch.float64, causal)
     for name, got, want in zip(NAMES, packed, alone):
@@ -102,7 +102,7 @@ def test_gpa_scalar_only_packed_through_sdpa_float64():
     assert packed[4] is None  # gamma is not part of the scalar-only function
 
 
-@pytest.mark.parametrize("kernel", ["cpu"] + (["triton"] if HAS_TRITON else []))
+@pytest.mark.parametrize("kernel", ["chunk"] + (["triton"] if HAS_TRITON else []))
 def test_gpa_packed_equals_each_document_alone_float32(kernel, small_chunks):
     # fp32 against the float64 documents: rounding of dot products over D = 32 and of the softmax; the
     # Triton path runs under TRITON_INTERPRET=1 on CPU (conftest sets it before kernels are defined)
@@ -119,7 +119,7 @@ def test_gpa_documents_and_padding_combine():
     kwargs = dict(causal=True, key_padding_mask=padding, document_ids=document_ids([(5, 1, 7), (4, 9)]))
     want = geometric_product_attention(*leaves, kernel="naive", **kwargs)
     assert float(want[1, :, :4].abs().max()) == 0.0  # padding rows of a padding-only document see nothing
-    assert_close_scaled(geometric_product_attention(*leaves, kernel="cpu", **kwargs), want, 1e-12)
+    assert_close_scaled(geometric_product_attention(*leaves, kernel="chunk", **kwargs), want, 1e-12)
 
 
 # ---------------------------------------------------------------- RRA: every kernel
@@ -202,7 +202,7 @@ def test_rra_packed_scan_over_long_documents_float64():
 
 
 # the names earlier versions of GPA and RRA used (configs, scripts, benchmarks)
-OLD_GPA_NAMES = {"chunked": "cpu", "reference": "naive"}
+OLD_GPA_NAMES = {"cpu": "chunk", "chunked": "chunk", "reference": "naive"}
 OLD_RRA_NAMES = {"sequential": "naive", "scan": "cpu", "recurrent": "decode", "step": "decode"}
 
 

@@ -167,7 +167,7 @@ def recursive_rotor_accumulator(
     dtype = compute_dtype(bivectors, value, initial)
     name = resolve_rra_kernel(kernel, bivectors.device, bivectors.shape[1], dtype)
     if name == "triton":  # the package and a CUDA tensor (or the interpreter), else a clear error
-        check_triton_kernel("RRA", bivectors, (torch.float32, torch.float16, torch.bfloat16))
+        check_triton_kernel("RRA", bivectors, (torch.float32, torch.float16, torch.bfloat16), "cpu")
         if dtype != torch.float32:
             raise ValueError(
                 "kernel='triton' computes in float32; pass float32 (or bf16/fp16) inputs or use kernel='cpu'."
