@@ -16,10 +16,15 @@ Peak memory: a fresh worker per (method, length), the growth of peak RSS over th
 first call (CPU) or `torch.cuda.max_memory_allocated` above the inputs (CUDA). Both as every benchmark
 measures them (benchmarks/measure.py). CPU workers use `--threads` (default 1).
 
+Inference memory (`--inference-lengths`): the `panel` kernel's forward alone under no_grad, a fresh worker
+per length, causal, with and without one padded key: the peak RSS growth of the call and the RSS growth still
+held after it returns ("retained": what the heap did not give back).
+
 Usage:  python benchmarks/bench_pct.py [--lengths 512 1024 2048 4096 8192] [--cuda-lengths ...]
+        python benchmarks/bench_pct.py --inference-lengths 16384 32768   # only the inference memory points
         python benchmarks/bench_pct.py --quick        # smoke run: tiny sizes, prints only
 Writes benchmarks/results/pct_bench_cpu.md, and pct_bench_cuda.md (fp32 and bf16 rows) when CUDA is
-available.
+available; with `--inference-lengths`, pct_inference_memory_cpu.md instead.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import json
 import sys
 from pathlib import Path
 
-from measure import interleaved_times, median_ratio, medians, peak_memory, run_worker  # benchmarks/measure.py
+from measure import interleaved_times, median_ratio, medians, peak_memory, rss_bytes, run_worker  # measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("naive", "panel", "triton", "sdpa-softmax")
@@ -73,6 +78,49 @@ def memory_worker(
         torch.set_num_threads(threads)
     step = make_op(method, length, device, dtype_name, heads, complex_dim)
     return {"peak_mib": peak_memory(step, device) / 2**20}
+
+
+def inference_worker(threads: int, length: int, heads: int, complex_dim: int, padded: bool) -> dict:
+    """Peak and retained RSS growth (MiB) of one causal `panel` forward under no_grad on the CPU."""
+    import torch
+    import torch.nn.functional as F
+
+    from zpx_hf.ops_pct import pct_attention
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    q, k, v = (F.normalize(torch.randn(1, heads, length, 2 * complex_dim), dim=-1) for _ in range(3))
+    mask = None
+    if padded:
+        mask = torch.ones(1, length, dtype=torch.bool)
+        mask[0, 0] = False
+
+    def step() -> None:
+        with torch.no_grad():
+            pct_attention(q, k, v, complex_dim**0.5, -2.0, key_padding_mask=mask, kernel="panel")
+
+    before = rss_bytes()
+    peak = peak_memory(step)
+    return {"peak_mib": peak / 2**20, "retained_mib": max(rss_bytes() - before, 0) / 2**20}
+
+
+def inference_table(args) -> list[str]:
+    lines = [
+        f"PCT attention (kernel `panel`), forward under no_grad, B=1, H={args.heads}, real head dim "
+        f"{2 * args.complex_dim}, fp32, causal, CPU, {args.threads} thread(s) (`{args.command}`; peak = growth over "
+        "the RSS just before the call, retained = RSS growth still held after it returns).",
+        "",
+        "| L | unpadded peak MiB | unpadded retained MiB | padded peak MiB | padded retained MiB |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for length in args.inference_lengths:
+        cells = []
+        for padded in (False, True):
+            row = run_worker(__file__, ["inference", args.threads, length, args.heads, args.complex_dim, padded])
+            print(length, padded, row, flush=True)
+            cells += [f"{row[key]:.0f}" if key in row else "failed" for key in ("peak_mib", "retained_mib")]
+        lines.append(f"| {length} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def time_worker(
@@ -142,6 +190,7 @@ def main() -> None:
     parser.add_argument("--complex-dim", type=int, default=32)
     parser.add_argument("--naive-max", type=int, default=4096, help="skip the L x L naive form beyond this L")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker")
+    parser.add_argument("--inference-lengths", type=int, nargs="*", default=[], help="inference memory points only")
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, prints only")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -150,9 +199,19 @@ def main() -> None:
 
     if args.worker:
         kind, *spec = json.loads(args.worker)
-        print(json.dumps((time_worker if kind == "time" else memory_worker)(*spec)))
+        worker = {"time": time_worker, "memory": memory_worker, "inference": inference_worker}[kind]
+        print(json.dumps(worker(*spec)))
         return
     args.command = "python benchmarks/bench_pct.py " + " ".join(sys.argv[1:])
+    if args.inference_lengths:
+        if args.quick:
+            args.inference_lengths = [256]
+        lines = inference_table(args)
+        print("\n".join(lines))
+        if not args.quick:
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            (RESULTS / "pct_inference_memory_cpu.md").write_text("\n".join(lines) + "\n")
+        return
 
     import torch
 

@@ -6,8 +6,10 @@
    medians as every benchmark measures them (benchmarks/measure.py: the first call's peak RSS growth on
    the CPU, `torch.cuda.max_memory_allocated` above the inputs on CUDA).
    At `--padded-lengths` (default 16384) the fast form with one left-padded key (a padding mask) against
-   none, one timed round each: the padded path builds masks per query panel, never L x L,
-   so its peak stays within 2x. Written to zpx_memory_padded_<device>.md; `--padded-only` runs just these.
+   none, one timed round each, in training (forward + backward) and in inference (forward under no_grad):
+   the padded path builds masks per query panel, never L x L, so its peak stays within 2x; on the CPU the
+   RSS still held after the call ("retained": what the heap did not give back) is reported too.
+   Written to zpx_memory_padded_<device>.md; `--padded-only` runs just these.
 2. One training step (forward + backward + AdamW) of `ZPXForCausalLM` vs `LlamaForCausalLM` of
    the same size, both on SDPA, taking turns in one process; ratio = median of the per-round ratios.
 
@@ -23,15 +25,23 @@ import json
 from pathlib import Path
 
 from bench_attention import zpx_op  # benchmarks/bench_attention.py
-from measure import interleaved_times, median_ratio, medians, peak_memory, run_worker  # benchmarks/measure.py
+from measure import interleaved_times, median_ratio, medians, peak_memory, rss_bytes, run_worker  # measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def attention_worker(
-    path: str, length: int, device: str, heads: int, head_dim: int, channels: int, repeats: int = 3
+    path: str,
+    length: int,
+    device: str,
+    heads: int,
+    head_dim: int,
+    channels: int,
+    repeats: int = 3,
+    inference: bool = False,
 ) -> dict:
-    """`path`: "materialised" (kernel naive), "sdpa" (kernel panel) or "sdpa-padded" (panel, one padded key)."""
+    """`path`: "materialised" (kernel naive), "sdpa" (kernel panel) or "sdpa-padded" (panel, one padded key);
+    `inference`: the forward alone under no_grad, else forward + backward."""
     import torch
 
     torch.manual_seed(0)
@@ -49,14 +59,23 @@ def attention_worker(
     pre = [make(1, heads, length, channels) for _ in range(3)]
 
     def step():
-        op(q, k, v, pre, padding).sum().backward()
+        if inference:
+            with torch.no_grad():
+                op(q, k, v, pre, padding)
+        else:
+            op(q, k, v, pre, padding).sum().backward()
 
+    before = rss_bytes()
     peak = peak_memory(step, device)  # before any timing: see benchmarks/measure.py
+    retained = rss_bytes() - before  # on the CPU: what the allocator kept after the call (0 when it gave all back)
     rounds = max(repeats, 1)  # repeats=0: one timed round (long padded points)
     times, errors = interleaved_times({"op": step}, rounds=rounds, warmup=0, device=device)
     if errors:
         raise RuntimeError(errors["op"])
-    return {"ms": medians(times)["op"] * 1e3, "peak_mib": peak / 2**20}
+    result = {"ms": medians(times)["op"] * 1e3, "peak_mib": peak / 2**20}
+    if device == "cpu":
+        result["retained_mib"] = max(retained, 0) / 2**20
+    return result
 
 
 def step_worker(device: str, length: int, batch: int) -> dict:
@@ -120,10 +139,12 @@ def main() -> None:
         args.padded_lengths = [256]
     padded_rows = []
     for length in args.padded_lengths:
-        for path in ("sdpa", "sdpa-padded"):
-            spec = ["attention", path, length, args.device, args.heads, args.head_dim, args.channels, 0]
-            padded_rows.append({"L": length, "path": path, **run_worker(__file__, spec, timeout=3600)})
-            print(padded_rows[-1], flush=True)
+        for mode in ("training", "inference"):
+            for path in ("sdpa", "sdpa-padded"):
+                spec = ["attention", path, length, args.device, args.heads, args.head_dim, args.channels, 0]
+                result = run_worker(__file__, [*spec, mode == "inference"], timeout=3600)
+                padded_rows.append({"L": length, "path": path, "mode": mode, **result})
+                print(padded_rows[-1], flush=True)
     if padded_rows:
         lines = padded_table(padded_rows, args)
         print("\n".join(lines))
@@ -185,7 +206,9 @@ def write_results(stem: Path, rows: list[dict], lines: list[str]) -> None:
     """<stem>.csv (one row per point) and <stem>.md (the table)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     with open(stem.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["L", "path", "ms", "peak_mib", "error"])
+        fields = ["L", "path", "ms", "peak_mib", "error"]
+        fields[2:2] = [name for name in ("mode", "retained_mib") if any(name in row for row in rows)]
+        writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         for row in rows:
             writer.writerow({key: row.get(key, "") for key in writer.fieldnames})
@@ -193,24 +216,28 @@ def write_results(stem: Path, rows: list[dict], lines: list[str]) -> None:
 
 
 def padded_table(rows: list[dict], args: argparse.Namespace) -> list[str]:
-    """zpx_memory_padded_<device>.md: the padded fast path's peak against the unpadded one."""
-    by = {(r["L"], r["path"]): r for r in rows}
+    """zpx_memory_padded_<device>.md: the padded fast path's peak (and retained RSS) against the unpadded one."""
+    by = {(r["L"], r["mode"], r["path"]): r for r in rows}
     lines = [
-        f"ZPX attention (kernel `panel`), forward + backward, one call, B=1, H={args.heads}, d={args.head_dim}, "
-        f"C={args.channels}, fp32, causal, device={args.device}: no padding vs one left-padded key (a [1, L] "
-        "padding mask) (`python benchmarks/bench_zpx_memory.py --padded-only`; CPU peak = growth over the RSS "
-        "just before the call).",
+        f"ZPX attention (kernel `panel`), one call, B=1, H={args.heads}, d={args.head_dim}, C={args.channels}, "
+        f"fp32, causal, device={args.device}: no padding vs one left-padded key (a [1, L] padding mask), in "
+        "training (forward + backward) and inference (forward under no_grad) "
+        "(`python benchmarks/bench_zpx_memory.py --padded-only`; CPU peak = growth over the RSS just before the "
+        "call; retained = RSS growth still held after it returns).",
         "",
-        "| L | unpadded peak MiB | padded peak MiB | padded / unpadded peak | unpadded ms | padded ms |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| L | mode | unpadded peak MiB | padded peak MiB | padded / unpadded peak | unpadded retained MiB | "
+        "padded retained MiB | unpadded ms | padded ms |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for length in args.padded_lengths:
-        u, p = by[(length, "sdpa")], by[(length, "sdpa-padded")]
-        ratio = f"{p['peak_mib'] / max(u['peak_mib'], 1.0):.2f}x" if "peak_mib" in u and "peak_mib" in p else "-"
-        lines.append(
-            f"| {length} | {cell(u, 'peak_mib', '.0f')} | {cell(p, 'peak_mib', '.0f')} | {ratio} | "
-            f"{cell(u, 'ms', '.0f')} | {cell(p, 'ms', '.0f')} |"
-        )
+        for mode in ("training", "inference"):
+            u, p = by[(length, mode, "sdpa")], by[(length, mode, "sdpa-padded")]
+            ratio = f"{p['peak_mib'] / max(u['peak_mib'], 1.0):.2f}x" if "peak_mib" in u and "peak_mib" in p else "-"
+            lines.append(
+                f"| {length} | {mode} | {cell(u, 'peak_mib', '.0f')} | {cell(p, 'peak_mib', '.0f')} | {ratio} | "
+                f"{cell(u, 'retained_mib', '.0f')} | {cell(p, 'retained_mib', '.0f')} | "
+                f"{cell(u, 'ms', '.0f')} | {cell(p, 'ms', '.0f')} |"
+            )
     return lines
 
 

@@ -2,6 +2,8 @@
 a packed batch equals each document run alone, output and every gradient; float64 tight, fp32 within a bound
 scaled to eps; the Triton kernel under TRITON_INTERPRET=1; masks per query panel, never L x L."""
 
+import weakref
+
 import pytest
 import torch
 
@@ -192,6 +194,38 @@ def test_zpx_panels_never_build_an_l_by_l_mask(monkeypatch):
     zpx_attention(q, torch.cat((k, features), -1), v, features, key_padding_mask=padding, causal=True,
                   scaling=0.3, lambda_angle=1.0, lambda_sphere=1.0, kernel="panel")  # fmt: skip
     assert len(sizes) == length // 16 and max(sizes) <= 16 * length < length * length
+
+
+def test_zpx_inference_keeps_no_panel_while_the_next_runs(monkeypatch):
+    """Without autograd the panels are written into one output as they are computed: no panel's output is alive
+    while the next panel runs (panels kept for a final cat sat between growing per-panel temporaries and
+    fragmented the heap: RSS grew by 2.4 GiB at L = 64K with one padded key, issue 38). The output is exactly
+    the autograd path's."""
+    monkeypatch.setattr(ops_zpx_panel, "MASK_ELEMENTS", 4 * 64)  # panels of 16 rows
+    original, outputs, alive = ops_zpx_panel._panel, [], []
+
+    def spy(*args, **kwargs):
+        alive.append(sum(ref() is not None for ref in outputs))
+        out = original(*args, **kwargs)
+        outputs.append(weakref.ref(out))
+        return out
+
+    monkeypatch.setattr(ops_zpx_panel, "_panel", spy)
+    length = 64
+    q, k, v = (torch.randn(1, 2, length, 8, dtype=torch.float64) for _ in range(3))
+    pre = [torch.randn(1, 2, length, 3, dtype=torch.float64) for _ in range(3)]
+    features = phase_key_features(phase_coordinates(*pre, 4.0))
+    padding = torch.ones(1, length, dtype=torch.bool)
+    padding[0, 0] = False
+
+    def run(query):
+        kwargs = dict(causal=True, scaling=0.3, lambda_angle=1.0, lambda_sphere=1.0, kernel="panel")
+        return zpx_attention(query, torch.cat((k, features), -1), v, features, key_padding_mask=padding, **kwargs)[0]
+
+    with torch.no_grad():
+        inference = run(q)
+    assert alive == [0, 0, 0, 0]
+    assert torch.equal(inference, run(q.clone().requires_grad_()))
 
 
 def test_document_ids_from_positions_and_cu_seq_lens_agree():

@@ -64,14 +64,13 @@ def _forward(query, key, value, tau, bias, key_padding_mask, document_ids, causa
         q_scaled = query.to(acc).reshape(batch * heads, l_q, dim) * tau_bh
         k = key.to(acc).reshape(batch * heads, l_k, dim)
         v = value.to(acc).reshape(batch * heads, l_k, dim)
-        panels = [
-            torch.bmm(
-                _panel_gates(q_scaled, k, bias_bh, block, l_k - l_q, causal, key_padding_mask, document_ids),
-                v[:, block[2] : block[3]],
-            )
-            for block in query_panels(l_q, l_k, causal, PANEL_ROWS, document_ids)
-        ]
-        out = panels[0] if len(panels) == 1 else torch.cat(panels, dim=1)
+        # each panel written into `out` as it is computed: panels kept apart until a final cat would sit between
+        # the growing gate temporaries and fragment the heap (as ZPX's did, issue 38)
+        out = q_scaled.new_empty(batch * heads, l_q, dim)
+        for block in query_panels(l_q, l_k, causal, PANEL_ROWS, document_ids):
+            gate = _panel_gates(q_scaled, k, bias_bh, block, l_k - l_q, causal, key_padding_mask, document_ids)
+            out[:, block[0] : block[1]] = torch.bmm(gate, v[:, block[2] : block[3]])
+            del gate  # freed before the next panel's gates are made
     return out.view(batch, heads, l_q, dim).to(query.dtype)
 
 

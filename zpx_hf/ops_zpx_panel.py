@@ -42,6 +42,20 @@ def _slices(query_aug, key_aug, value, block) -> tuple[torch.Tensor, torch.Tenso
     return query_aug[:, :, r0:r1], key_aug[:, :, k0:k1], value[:, :, k0:k1]
 
 
+def _panels_into_one(query_aug, key_aug, value, key_padding_mask, document_ids, blocks, sizes, causal, dropout):
+    """Every panel written into one output tensor as it is computed (no autograd state): a panel's temporaries
+    (its mask, SDPA's buffers) are freed before the next one's are made. Panels kept as separate tensors until a
+    final `torch.cat` would sit between those temporaries, whose sizes grow panel by panel (causal), and fragment
+    the heap: RSS then grew with L^2 (2.4 GiB at L = 64K for one padded key, issue 38)."""
+    output = query_aug.new_empty(*query_aug.shape[:3], value.shape[-1])
+    for block in blocks:
+        pieces = _slices(query_aug, key_aug, value, block)
+        output[:, :, block[0] : block[1]] = _panel(
+            *pieces, key_padding_mask, document_ids, block, sizes, causal, dropout
+        )
+    return output
+
+
 class _RecomputedPanels(torch.autograd.Function):
     """The panels of `zpx_attention_panel` with nothing kept between passes but q^, k^, v: the forward writes each
     panel's output into one tensor without autograd state, the backward recomputes one panel at a time and adds
@@ -51,12 +65,7 @@ class _RecomputedPanels(torch.autograd.Function):
     def forward(ctx, query_aug, key_aug, value, key_padding_mask, document_ids, blocks, sizes, causal):
         ctx.save_for_backward(query_aug, key_aug, value, key_padding_mask, document_ids)
         ctx.blocks, ctx.sizes, ctx.causal = blocks, sizes, causal
-        output = query_aug.new_empty(*query_aug.shape[:3], value.shape[-1])
-        for block in blocks:
-            pieces = _slices(query_aug, key_aug, value, block)
-            rows = _panel(*pieces, key_padding_mask, document_ids, block, sizes, causal, 0.0)
-            output[:, :, block[0] : block[1]] = rows
-        return output
+        return _panels_into_one(query_aug, key_aug, value, key_padding_mask, document_ids, blocks, sizes, causal, 0.0)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -115,7 +124,9 @@ def zpx_attention_panel(
     kept = batch * sum((r1 - r0) * (k1 - k0) for r0, r1, k0, k1 in blocks)
     recompute = kept > KEPT_MASK_ELEMENTS and torch.is_grad_enabled() and not torch.compiler.is_compiling()
     args = (query_aug, key_aug, value, key_padding_mask, document_ids)
-    if recompute and dropout == 0.0:
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in args[:3])):  # inference: no autograd state
+        output = _panels_into_one(*args, blocks, (l_q, l_k), causal, dropout)
+    elif recompute and dropout == 0.0:
         output = _RecomputedPanels.apply(*args, blocks, (l_q, l_k), causal)
     else:  # dropout: torch's checkpoint replays the random state
         panels = []
