@@ -323,6 +323,8 @@ class GeometricModel(GeometricPreTrainedModel):
             embedding_width=self.embed_tokens.weight.shape[-1],
             embedding_dtype=self.embed_tokens.weight.dtype,
         )
+        if position_ids is not None and position_ids.dim() == 1:
+            position_ids = position_ids[None]  # [L] is shared by every row, as [1, L]: packed documents too
 
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
