@@ -7,6 +7,7 @@ value past it is also shown to give NaN when the check is bypassed.
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -260,3 +261,68 @@ def test_full_accumulation_past_the_limit_reaches_nan_where_the_analysis_says():
     finite = torch.isfinite(captured["out"][0]).all(-1)
     first_nan = int((~finite).nonzero()[0]) if not finite.all() else None
     assert first_nan is not None and 4.0 / 0.2 < math.sqrt(first_nan) < 6.0 / 0.15, first_nan
+
+
+# ----------------------------------------------------------------------------------------- unknown keys
+
+FAMILY_CASES = ["zpx", "pct", "versor-hybrid"]
+# What transformers 4.x wrote for every config (`to_dict()` / `use_diff=False`): a config.json from any tool
+# built on it may carry these, and none is a typo.
+TRANSFORMERS_4_KEYS = dict(
+    return_dict=True, output_hidden_states=False, output_attentions=False, torchscript=False, torch_dtype="float32",
+    use_bfloat16=False, tf_legacy_loss=False, pruned_heads={}, tie_word_embeddings=False, chunk_size_feed_forward=0,
+    is_encoder_decoder=False, is_decoder=False, cross_attention_hidden_size=None, add_cross_attention=False,
+    tie_encoder_decoder=False, max_length=20, min_length=0, do_sample=False, early_stopping=False, num_beams=1,
+    num_beam_groups=1, diversity_penalty=0.0, temperature=1.0, top_k=50, top_p=1.0, typical_p=1.0,
+    repetition_penalty=1.0, length_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0,
+    bad_words_ids=None, num_return_sequences=1, output_scores=False, return_dict_in_generate=False,
+    forced_bos_token_id=None, forced_eos_token_id=None, remove_invalid_values=False,
+    exponential_decay_length_penalty=None, suppress_tokens=None, begin_suppress_tokens=None, architectures=None,
+    finetuning_task=None, id2label={"0": "LABEL_0", "1": "LABEL_1"}, label2id={"LABEL_0": 0, "LABEL_1": 1},
+    tokenizer_class=None, prefix=None, sep_token_id=None, decoder_start_token_id=None, task_specific_params=None,
+    problem_type=None, _name_or_path="", _commit_hash=None, _attn_implementation_autoset=True,
+    transformers_version="4.57.1",
+)  # fmt: skip
+
+
+def unknown_key_warnings(record):
+    return [str(w.message) for w in record if "has no effect" in str(w.message)]
+
+
+@pytest.mark.parametrize("case", FAMILY_CASES)
+def test_unknown_config_key_warns_naming_the_nearest_field(case, tmp_path):
+    config_class = type(make_tiny_config(case))
+    with pytest.warns(UserWarning, match=r"`hiden_size`=64 is not a \w+Config field.*did you mean `hidden_size`"):
+        config = make_tiny_config(case, hiden_size=64)
+    assert config.hidden_size != 64  # the typo left the width at its default: why it must be said
+    with pytest.warns(UserWarning, match=r"`zzz_qqq`=1 .*check the spelling"):
+        config_class(zzz_qqq=1)
+    folder = saved(tmp_path, case)
+    stored = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**stored, "num_hiden_layers": 6}))
+    with pytest.warns(UserWarning, match="`num_hiden_layers`=6.*did you mean `num_hidden_layers`"):
+        AutoModelForCausalLM.from_pretrained(folder)
+    with pytest.warns(UserWarning, match="`rms_norm_esp`=0.1.*did you mean `rms_norm_eps`"):  # an override
+        AutoConfig.from_pretrained(folder, rms_norm_esp=0.1)
+
+
+@pytest.mark.parametrize("case", FAMILY_CASES)
+def test_keys_transformers_passes_do_not_warn(case, tmp_path, recwarn):
+    folder = saved(tmp_path, case)  # config.json with auto_map, architectures, dtype, transformers_version
+    AutoConfig.from_pretrained(folder)
+    AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float16, attn_implementation="eager")
+    AutoConfig.from_pretrained(folder, num_labels=3, use_cache=False)
+    AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    config = AutoConfig.from_pretrained(folder)
+    type(config).from_dict(config.to_dict())
+    type(config)(**{**config.to_dict(), **TRANSFORMERS_4_KEYS})
+    stored = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**stored, **TRANSFORMERS_4_KEYS}))
+    AutoModelForCausalLM.from_pretrained(folder)
+    assert unknown_key_warnings(recwarn) == []
+
+
+def test_saved_pct_checkpoints_of_earlier_versions_load_without_unknown_key_warnings(recwarn):
+    for name in ("pct_v1_learnable", "pct_v1_sqrt_d", "pct_v2_log_learnable"):
+        AutoModelForCausalLM.from_pretrained(Path(__file__).parent / "fixtures" / name)
+    assert unknown_key_warnings(recwarn) == []
