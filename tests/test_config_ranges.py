@@ -94,6 +94,20 @@ def test_last_token_id_and_none_are_accepted():
     assert model.model.embed_tokens.padding_idx == TINY_VOCAB - 1
 
 
+@pytest.mark.parametrize("field", ["dtype", "torch_dtype"])
+def test_dtype_in_config_json_names_the_field(field, tmp_path):
+    folder = saved(tmp_path)
+    stored = json.loads((folder / "config.json").read_text())
+    stored.pop("dtype")
+    for bad in ("bogus", "auto", "Tensor", 16):
+        (folder / "config.json").write_text(json.dumps({**stored, field: bad}))
+        with pytest.raises(ValueError, match=f"`{field}`={bad!r} is invalid: expected a torch dtype name"):
+            AutoModelForCausalLM.from_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps({**stored, field: "bfloat16"}))
+    assert AutoConfig.from_pretrained(folder).dtype == torch.bfloat16
+    assert make_tiny_config("zpx", dtype=torch.float16).dtype == torch.float16
+
+
 # ----------------------------------------------------------------------------------------- logit scales
 
 

@@ -109,6 +109,21 @@ def test_one_dimensional_position_ids_pack_as_one_row(family):
         assert torch.equal(flat.center_loss, row.center_loss)
 
 
+@pytest.mark.parametrize("family", FAMILIES + ["versor-hybrid"])
+def test_cu_seq_lens_as_a_list_packs_like_the_tensor(family):
+    model = causal_lm(family, "sdpa")
+    ids, _, cu = packed_inputs(documents(seed=4))
+    as_tensor = model(input_ids=ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu, use_cache=False).logits
+    listed = cu.tolist()
+    assert torch.equal(
+        model(input_ids=ids, cu_seq_lens_q=listed, cu_seq_lens_k=listed, use_cache=False).logits, as_tensor
+    )
+    assert torch.equal(model(input_ids=ids, cu_seq_lens_q=tuple(listed), use_cache=False).logits, as_tensor)
+    for bad in ([0.0, 7.5, 25.0], "0,7,25", cu.float()):
+        with pytest.raises(ValueError, match="`cu_seq_lens_q` must be integer cumulative document lengths"):
+            model(input_ids=ids, cu_seq_lens_q=bad, use_cache=False)
+
+
 def unpacked_loss(model, docs):
     """HF's causal-LM loss over the documents as one right-padded batch (labels -100 on padding)."""
     length = max(len(d) for d in docs)

@@ -16,6 +16,7 @@ import math
 import warnings
 from typing import Any, ClassVar, NamedTuple
 
+import torch
 from transformers import GenerationConfig, PretrainedConfig
 
 ROTARY_TYPES = ("srpe", "rope", "none")
@@ -114,6 +115,15 @@ def check_token_ids(vocab_size: int, token_ids: dict[str, Any]) -> None:
                     f"expected a token id in [0, vocab_size={vocab_size}) or null (none); use the "
                     "tokenizer's id, or raise vocab_size.",
                 )
+
+
+def check_dtype_name(field: str, value: Any) -> None:
+    """`dtype` is null, a torch dtype, or its name ("bfloat16"): transformers turns a name into
+    `getattr(torch, name)`, which fails on a typo with an AttributeError about torch."""
+    if value is None or isinstance(value, torch.dtype):
+        return
+    if not isinstance(value, str) or not isinstance(getattr(torch, value, None), torch.dtype):
+        _fail(field, value, "expected a torch dtype name such as 'float32', 'bfloat16' or 'float16', or null.")
 
 
 def pop_removed_fields(kwargs: dict[str, Any], removed: dict[str, str]) -> None:
@@ -249,6 +259,8 @@ class GeometricConfig(PretrainedConfig):
         # DynamicCache(config=...) reads `layer_types`; only values HF knows are allowed there.
         kwargs.pop("layer_types", None)
         warn_unknown_fields(type(self), kwargs)
+        for field in ("dtype", "torch_dtype"):
+            check_dtype_name(field, kwargs.get(field))
         self.layer_types = ["full_attention"] * num_hidden_layers
         super().__init__(
             pad_token_id=pad_token_id,
