@@ -5,6 +5,7 @@ about) and just outside (a `ValueError` naming the field); where the limit is me
 value past it is also shown to give NaN when the check is bypassed.
 """
 
+import inspect
 import json
 import math
 from pathlib import Path
@@ -20,6 +21,7 @@ from zpx_hf.configuration_versor import RRA_FULL_GROWTH_LIMIT, RRA_SCALE_LIMIT
 from zpx_hf.rotary_srpe import SpiralRotaryEmbedding
 
 FLOAT16_MAX = torch.finfo(torch.float16).max
+FAMILY_CASES = ["zpx", "pct", "versor-hybrid"]
 JUST_OUTSIDE = 1 + 1e-6
 
 
@@ -71,6 +73,77 @@ def test_from_dict_of_the_base_class_is_checked():
         zpx_hf.PCTConfig.from_dict(stored, tau=float("inf"))
     with pytest.raises(ValueError, match="`head_dim`"):
         zpx_hf.PCTConfig.from_dict(stored, head_dim=7)
+
+
+# ----------------------------------------------------------------------------------------- every rule
+
+
+def values_breaking(rule):
+    """Values just past each bound of a `Rule` (and of its kind), so a new field or bound is covered without a
+    hand-written case: a check removed from the table fails here."""
+    if rule.kind == "bool":
+        return [1, "true", None]
+    if rule.kind == "choice":
+        return ["not-a-choice", None]
+    step = 1 if rule.kind == "int" else None
+
+    def past(bound, direction):  # the nearest value beyond `bound`
+        return bound + direction * (step or max(abs(bound), 1.0) * 1e-6)
+
+    values = [1.5, "1"] if rule.kind == "int" else [float("nan"), float("inf"), "1.0", True]
+    if rule.positive:
+        values += [0, past(0, -1)]
+    if rule.minimum is not None:
+        values.append(past(rule.minimum, -1))
+    if rule.maximum is not None:
+        values.append(past(rule.maximum, +1))
+    if rule.above is not None:
+        values.append(rule.above)
+    if rule.below is not None:
+        values.append(rule.below)
+    if not rule.optional:
+        values.append(None)
+    return values
+
+
+def none_means_default(config_class, field):
+    """Whether `__init__` reads None as "derive the default" (head_dim = hidden_size // heads, PCT's tau ...)."""
+    for klass in config_class.__mro__:
+        parameter = inspect.signature(klass.__init__).parameters.get(field) if "__init__" in vars(klass) else None
+        if parameter is not None:
+            return parameter.default is None
+    return False
+
+
+RULE_CASES = [
+    pytest.param(case, field, value, id=f"{case}-{field}-{value!r}")
+    for case in FAMILY_CASES
+    for field, rule in type(make_tiny_config(case)).field_rules.items()
+    for value in values_breaking(rule)
+    if not (value is None and none_means_default(type(make_tiny_config(case)), field))
+]
+
+
+@pytest.mark.parametrize("case,field,value", RULE_CASES)
+def test_every_rule_refuses_the_values_past_it(case, field, value):
+    with pytest.raises(ValueError, match=f"`{field}`"):
+        make_tiny_config(case, **{field: value})
+    config = make_tiny_config(case)
+    with pytest.raises(ValueError, match=f"`{field}`"):
+        setattr(config, field, value)
+
+
+def test_rule_cases_cover_every_positive_field():
+    positive = {
+        (case, field)
+        for case in FAMILY_CASES
+        for field, r in type(make_tiny_config(case)).field_rules.items()
+        if r.positive
+    }
+    assert {("pct", "qk_norm_eps"), ("versor-hybrid", "gpa_eps"), ("zpx", "rms_norm_eps")} <= positive
+    for case, field in positive:
+        values = [p.values[2] for p in RULE_CASES if p.values[:2] == (case, field)]
+        assert 0 in values and any(isinstance(v, (int, float)) and v < 0 for v in values), (case, field)
 
 
 # ----------------------------------------------------------------------------------------- type and token ids
@@ -278,8 +351,6 @@ def test_full_accumulation_past_the_limit_reaches_nan_where_the_analysis_says():
 
 
 # ----------------------------------------------------------------------------------------- unknown keys
-
-FAMILY_CASES = ["zpx", "pct", "versor-hybrid"]
 # What transformers 4.x wrote for every config (`to_dict()` / `use_diff=False`): a config.json from any tool
 # built on it may carry these, and none is a typo.
 TRANSFORMERS_4_KEYS = dict(
