@@ -451,7 +451,7 @@ def test_import_zpx_hf_registers_the_peft_integration():
 
 
 def test_zpx_hf_imports_without_peft():
-    # peft made unimportable: find_spec says absent, the package imports and registers its Auto classes
+    # peft made unimportable: the package imports, registers its Auto classes and waits for a peft import
     code = (
         "import sys; sys.modules['peft'] = None\n"
         "import zpx_hf, transformers\n"
