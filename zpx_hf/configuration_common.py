@@ -308,10 +308,12 @@ class GeometricConfig(PretrainedConfig):
     }
 
     def __setattr__(self, key: str, value: Any) -> None:
-        # After `__init__`, assigning a checked field (also the overrides `from_pretrained(..., field=v)` sets
-        # by setattr) checks it at once; checks across fields run in `validate()`.
-        if key in type(self).field_rules and self.__dict__.get("_post_init_done"):  # set by PreTrainedConfig
-            check_field(key, value, type(self).field_rules[key])
+        # Once every checked field is set (after `__init__`, or a copy), assigning one (also the overrides
+        # `from_pretrained(..., field=v)` sets by setattr) checks it at once; checks across fields run in
+        # `validate()`. (transformers 5.25 marks the end of init with `_post_init_done`; 5.17 has no such mark.)
+        rules = type(self).field_rules
+        if key in rules and all(field in self.__dict__ for field in rules):
+            check_field(key, value, rules[key])
         super().__setattr__(key, value)
 
     @classmethod
