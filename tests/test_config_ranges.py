@@ -5,8 +5,10 @@ about) and just outside (a `ValueError` naming the field); where the limit is me
 value past it is also shown to give NaN when the check is bypassed.
 """
 
+import inspect
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +21,7 @@ from zpx_hf.configuration_versor import RRA_FULL_GROWTH_LIMIT, RRA_SCALE_LIMIT
 from zpx_hf.rotary_srpe import SpiralRotaryEmbedding
 
 FLOAT16_MAX = torch.finfo(torch.float16).max
+FAMILY_CASES = ["zpx", "pct", "versor-hybrid"]
 JUST_OUTSIDE = 1 + 1e-6
 
 
@@ -72,6 +75,77 @@ def test_from_dict_of_the_base_class_is_checked():
         zpx_hf.PCTConfig.from_dict(stored, head_dim=7)
 
 
+# ----------------------------------------------------------------------------------------- every rule
+
+
+def values_breaking(rule):
+    """Values just past each bound of a `Rule` (and of its kind), so a new field or bound is covered without a
+    hand-written case: a check removed from the table fails here."""
+    if rule.kind == "bool":
+        return [1, "true", None]
+    if rule.kind == "choice":
+        return ["not-a-choice", None]
+    step = 1 if rule.kind == "int" else None
+
+    def past(bound, direction):  # the nearest value beyond `bound`
+        return bound + direction * (step or max(abs(bound), 1.0) * 1e-6)
+
+    values = [1.5, "1"] if rule.kind == "int" else [float("nan"), float("inf"), "1.0", True]
+    if rule.positive:
+        values += [0, past(0, -1)]
+    if rule.minimum is not None:
+        values.append(past(rule.minimum, -1))
+    if rule.maximum is not None:
+        values.append(past(rule.maximum, +1))
+    if rule.above is not None:
+        values.append(rule.above)
+    if rule.below is not None:
+        values.append(rule.below)
+    if not rule.optional:
+        values.append(None)
+    return values
+
+
+def none_means_default(config_class, field):
+    """Whether `__init__` reads None as "derive the default" (head_dim = hidden_size // heads, PCT's tau ...)."""
+    for klass in config_class.__mro__:
+        parameter = inspect.signature(klass.__init__).parameters.get(field) if "__init__" in vars(klass) else None
+        if parameter is not None:
+            return parameter.default is None
+    return False
+
+
+RULE_CASES = [
+    pytest.param(case, field, value, id=f"{case}-{field}-{value!r}")
+    for case in FAMILY_CASES
+    for field, rule in type(make_tiny_config(case)).field_rules.items()
+    for value in values_breaking(rule)
+    if not (value is None and none_means_default(type(make_tiny_config(case)), field))
+]
+
+
+@pytest.mark.parametrize("case,field,value", RULE_CASES)
+def test_every_rule_refuses_the_values_past_it(case, field, value):
+    with pytest.raises(ValueError, match=f"`{field}`"):
+        make_tiny_config(case, **{field: value})
+    config = make_tiny_config(case)
+    with pytest.raises(ValueError, match=f"`{field}`"):
+        setattr(config, field, value)
+
+
+def test_rule_cases_cover_every_positive_field():
+    positive = {
+        (case, field)
+        for case in FAMILY_CASES
+        for field, r in type(make_tiny_config(case)).field_rules.items()
+        if r.positive
+    }
+    assert {("pct", "qk_norm_eps"), ("versor-hybrid", "gpa_eps"), ("zpx", "rms_norm_eps")} <= positive
+    for case, field in positive:
+        values = [p.values[2] for p in RULE_CASES if p.values[:2] == (case, field)]
+        assert 0 in values and any(isinstance(v, (int, float)) and v < 0 for v in values), (case, field)
+
+
 # ----------------------------------------------------------------------------------------- type and token ids
 
 
@@ -91,6 +165,20 @@ def test_last_token_id_and_none_are_accepted():
     config = make_tiny_config("zpx", pad_token_id=TINY_VOCAB - 1, bos_token_id=None, eos_token_id=[2, TINY_VOCAB - 1])
     model = AutoModelForCausalLM.from_config(config)
     assert model.model.embed_tokens.padding_idx == TINY_VOCAB - 1
+
+
+@pytest.mark.parametrize("field", ["dtype", "torch_dtype"])
+def test_dtype_in_config_json_names_the_field(field, tmp_path):
+    folder = saved(tmp_path)
+    stored = json.loads((folder / "config.json").read_text())
+    stored.pop("dtype")
+    for bad in ("bogus", "auto", "Tensor", 16):
+        (folder / "config.json").write_text(json.dumps({**stored, field: bad}))
+        with pytest.raises(ValueError, match=f"`{field}`={bad!r} is invalid: expected a torch dtype name"):
+            AutoModelForCausalLM.from_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps({**stored, field: "bfloat16"}))
+    assert AutoConfig.from_pretrained(folder).dtype == torch.bfloat16
+    assert make_tiny_config("zpx", dtype=torch.float16).dtype == torch.float16
 
 
 # ----------------------------------------------------------------------------------------- logit scales
@@ -260,3 +348,66 @@ def test_full_accumulation_past_the_limit_reaches_nan_where_the_analysis_says():
     finite = torch.isfinite(captured["out"][0]).all(-1)
     first_nan = int((~finite).nonzero()[0]) if not finite.all() else None
     assert first_nan is not None and 4.0 / 0.2 < math.sqrt(first_nan) < 6.0 / 0.15, first_nan
+
+
+# ----------------------------------------------------------------------------------------- unknown keys
+# What transformers 4.x wrote for every config (`to_dict()` / `use_diff=False`): a config.json from any tool
+# built on it may carry these, and none is a typo.
+TRANSFORMERS_4_KEYS = dict(
+    return_dict=True, output_hidden_states=False, output_attentions=False, torchscript=False, torch_dtype="float32",
+    use_bfloat16=False, tf_legacy_loss=False, pruned_heads={}, tie_word_embeddings=False, chunk_size_feed_forward=0,
+    is_encoder_decoder=False, is_decoder=False, cross_attention_hidden_size=None, add_cross_attention=False,
+    tie_encoder_decoder=False, max_length=20, min_length=0, do_sample=False, early_stopping=False, num_beams=1,
+    num_beam_groups=1, diversity_penalty=0.0, temperature=1.0, top_k=50, top_p=1.0, typical_p=1.0,
+    repetition_penalty=1.0, length_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0,
+    bad_words_ids=None, num_return_sequences=1, output_scores=False, return_dict_in_generate=False,
+    forced_bos_token_id=None, forced_eos_token_id=None, remove_invalid_values=False,
+    exponential_decay_length_penalty=None, suppress_tokens=None, begin_suppress_tokens=None, architectures=None,
+    finetuning_task=None, id2label={"0": "LABEL_0", "1": "LABEL_1"}, label2id={"LABEL_0": 0, "LABEL_1": 1},
+    tokenizer_class=None, prefix=None, sep_token_id=None, decoder_start_token_id=None, task_specific_params=None,
+    problem_type=None, _name_or_path="", _commit_hash=None, _attn_implementation_autoset=True,
+    transformers_version="4.57.1",
+)  # fmt: skip
+
+
+def unknown_key_warnings(record):
+    return [str(w.message) for w in record if "has no effect" in str(w.message)]
+
+
+@pytest.mark.parametrize("case", FAMILY_CASES)
+def test_unknown_config_key_warns_naming_the_nearest_field(case, tmp_path):
+    config_class = type(make_tiny_config(case))
+    with pytest.warns(UserWarning, match=r"`hiden_size`=64 is not a \w+Config field.*did you mean `hidden_size`"):
+        config = make_tiny_config(case, hiden_size=64)
+    assert config.hidden_size != 64  # the typo left the width at its default: why it must be said
+    with pytest.warns(UserWarning, match=r"`zzz_qqq`=1 .*check the spelling"):
+        config_class(zzz_qqq=1)
+    folder = saved(tmp_path, case)
+    stored = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**stored, "num_hiden_layers": 6}))
+    with pytest.warns(UserWarning, match="`num_hiden_layers`=6.*did you mean `num_hidden_layers`"):
+        AutoModelForCausalLM.from_pretrained(folder)
+    with pytest.warns(UserWarning, match="`rms_norm_esp`=0.1.*did you mean `rms_norm_eps`"):  # an override
+        AutoConfig.from_pretrained(folder, rms_norm_esp=0.1)
+
+
+@pytest.mark.parametrize("case", FAMILY_CASES)
+def test_keys_transformers_passes_do_not_warn(case, tmp_path, recwarn):
+    folder = saved(tmp_path, case)  # config.json with auto_map, architectures, dtype, transformers_version
+    AutoConfig.from_pretrained(folder)
+    AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float16, attn_implementation="eager")
+    AutoConfig.from_pretrained(folder, num_labels=3, use_cache=False)
+    AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    config = AutoConfig.from_pretrained(folder)
+    type(config).from_dict(config.to_dict())
+    type(config)(**{**config.to_dict(), **TRANSFORMERS_4_KEYS})
+    stored = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**stored, **TRANSFORMERS_4_KEYS}))
+    AutoModelForCausalLM.from_pretrained(folder)
+    assert unknown_key_warnings(recwarn) == []
+
+
+def test_saved_pct_checkpoints_of_earlier_versions_load_without_unknown_key_warnings(recwarn):
+    for name in ("pct_v1_learnable", "pct_v1_sqrt_d", "pct_v2_log_learnable"):
+        AutoModelForCausalLM.from_pretrained(Path(__file__).parent / "fixtures" / name)
+    assert unknown_key_warnings(recwarn) == []

@@ -6,10 +6,12 @@ arithmetic, a scan traced once for every length), which "auto" picks under expor
 against the eager kernels in float64.
 """
 
+import warnings
+
 import pytest
 import torch
 from conftest import TINY_VOCAB, make_tiny_config
-from helpers_llama import tiny_llama_config
+from helpers_llama import like_llama, tiny_llama_config
 from torch.export import Dim
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
@@ -86,6 +88,38 @@ def test_onnx_dynamo_export_runs_in_onnxruntime(case, tmp_path, exported):
     model, program = exported(case)
     onnx_program = torch.onnx.export(program, dynamo=True, input_names=["input_ids"], output_names=["logits"])
     onnx_program.save(str(tmp_path / "model.onnx"))
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    for shape in OTHER_SHAPES:
+        ids = token_ids(*shape)
+        (logits,) = session.run(None, {"input_ids": ids.numpy()})
+        with torch.no_grad():
+            assert_close_to_eager(torch.from_numpy(logits), model(ids))
+
+
+def legacy_onnx_export(model: torch.nn.Module, path) -> None:
+    """torch.onnx.export's TorchScript exporter (`dynamo=False`), dynamic batch and sequence."""
+    axes = {"input_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"}}
+    with warnings.catch_warnings():  # its deprecation and tracer warnings
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model, (token_ids(*EXAMPLE),), str(path), dynamo=False, input_names=["input_ids"],
+            output_names=["logits"], dynamic_axes=axes,
+        )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [case for case in CASES if case != "llama"])
+def test_legacy_torchscript_onnx_export_like_llama(case, tmp_path):
+    """The legacy exporter is checked beside Llama: where it exports a same-size Llama, ours must export and run in
+    onnxruntime within 1e-4 of eager; where it fails on Llama too (torch 2.13: `aten::diff` of transformers' masks
+    has no ONNX symbolic), the test is an xfail that names the versions and both errors."""
+    ort = pytest.importorskip("onnxruntime")
+    model = build(case)
+    like_llama(
+        lambda: legacy_onnx_export(build("llama"), tmp_path / "llama.onnx"),
+        lambda: legacy_onnx_export(model, tmp_path / "model.onnx"),
+        "the legacy TorchScript ONNX exporter (torch.onnx.export(dynamo=False))",
+    )
     session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     for shape in OTHER_SHAPES:
         ids = token_ids(*shape)

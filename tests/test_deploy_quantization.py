@@ -6,6 +6,7 @@ TorchAoConfig(...))`. Each checks that every projection layer is quantised (coun
 """
 
 import copy
+import re
 
 import pytest
 import torch
@@ -102,6 +103,55 @@ def test_default_quantize_filter_reaches_every_linear(case):
     model = copy.deepcopy(fp32)
     quantize_(model, Int8WeightOnlyConfig())
     check_quantized(model, fp32, projections(fp32))
+
+
+VERSOR_CASES = tuple(case for case in CASES if case.startswith("versor"))
+UNREACHED = r"none of its \d+ VersorLinear projections.*filter_fn=zpx_hf.integration_torchao.is_projection"
+
+
+def unreached_warnings(record) -> list[str]:
+    return [str(w.message) for w in record if "VersorLinear projections" in str(w.message)]
+
+
+@pytest.mark.parametrize("case", VERSOR_CASES)
+def test_default_quantize_on_versor_warns_naming_the_filter(case, recwarn):
+    """torchao's default filter reaches every projection of a same-size Llama, and none of Versor's VersorLinears:
+    the first forward after it says so, naming `is_projection` (or `projection_config`); the documented recipe is
+    silent."""
+    llama = llama_like(case)
+    quantize_(llama, Int8WeightOnlyConfig())
+    assert quantized(llama) == projections(llama)
+    fp32 = family_model(case)
+    ids = torch.randint(3, TINY_VOCAB, (1, 6))
+    fp32(ids)
+    model = copy.deepcopy(fp32)
+    quantize_(model, Int8WeightOnlyConfig())
+    assert not quantized(model) & {n for n, m in model.named_modules() if type(m).__name__ == "VersorLinear"}
+    model(ids)
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=2, do_sample=False)  # said once per quantisation, not per forward
+    said = unreached_warnings(recwarn)
+    assert len(said) == 1 and re.search(UNREACHED, said[0]), said
+    recwarn.clear()
+    fp32(ids)
+    quantize_with(copy.deepcopy(fp32), "int8-weight-only")(ids)
+    assert unreached_warnings(recwarn) == []
+
+
+@pytest.mark.parametrize("case", ("versor-gpa",))
+def test_torchao_config_without_projection_config_warns_on_versor(case, tmp_path, recwarn):
+    # GPA-only: TorchAoConfig leaves the tied-position lm_head in float and finds no nn.Linear else: nothing changes
+    fp32 = family_model(case)
+    fp32.save_pretrained(tmp_path)
+    ids = torch.randint(3, TINY_VOCAB, (1, 6))
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=TorchAoConfig(Int8WeightOnlyConfig()))
+    assert quantized(plain) == set()
+    with pytest.warns(UserWarning, match=UNREACHED + r".*projection_config"):
+        plain(ids)
+    recwarn.clear()
+    config = TorchAoConfig(projection_config(Int8WeightOnlyConfig()))
+    AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=config)(ids)
+    assert unreached_warnings(recwarn) == []
 
 
 @pytest.mark.parametrize("scheme", tuple(SCHEMES))

@@ -93,6 +93,37 @@ def test_packed_row_fp32_within_eps_bound(family):
     assert (packed - separate).abs().max() <= 256 * torch.finfo(torch.float32).eps * scale
 
 
+@pytest.mark.parametrize("family", FAMILIES + ["versor-hybrid"])
+def test_one_dimensional_position_ids_pack_as_one_row(family):
+    """`position_ids` of shape [L] (accepted like [1, L], shared by every row) are read as packed documents too:
+    the same logits (and ZPX centre loss) as [1, L], which equal each document run alone."""
+    model = causal_lm(family, "sdpa", **({"center_loss_weight": 0.3} if family == "zpx" else {}))
+    docs = documents(seed=3)
+    ids, positions, _ = packed_inputs(docs)
+    flat = model(input_ids=ids, position_ids=positions[0], use_cache=False)
+    row = model(input_ids=ids, position_ids=positions, use_cache=False)
+    separate = torch.cat([model(input_ids=d[None], use_cache=False).logits for d in docs], dim=1)
+    torch.testing.assert_close(row.logits, separate, rtol=1e-10, atol=1e-10)
+    assert torch.equal(flat.logits, row.logits)
+    if family == "zpx":
+        assert torch.equal(flat.center_loss, row.center_loss)
+
+
+@pytest.mark.parametrize("family", FAMILIES + ["versor-hybrid"])
+def test_cu_seq_lens_as_a_list_packs_like_the_tensor(family):
+    model = causal_lm(family, "sdpa")
+    ids, _, cu = packed_inputs(documents(seed=4))
+    as_tensor = model(input_ids=ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu, use_cache=False).logits
+    listed = cu.tolist()
+    assert torch.equal(
+        model(input_ids=ids, cu_seq_lens_q=listed, cu_seq_lens_k=listed, use_cache=False).logits, as_tensor
+    )
+    assert torch.equal(model(input_ids=ids, cu_seq_lens_q=tuple(listed), use_cache=False).logits, as_tensor)
+    for bad in ([0.0, 7.5, 25.0], "0,7,25", cu.float()):
+        with pytest.raises(ValueError, match="`cu_seq_lens_q` must be integer cumulative document lengths"):
+            model(input_ids=ids, cu_seq_lens_q=bad, use_cache=False)
+
+
 def unpacked_loss(model, docs):
     """HF's causal-LM loss over the documents as one right-padded batch (labels -100 on padding)."""
     length = max(len(d) for d in docs)

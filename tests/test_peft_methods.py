@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 from conftest import TINY_VOCAB, assert_close_eps, make_tiny_config
-from helpers_llama import tiny_llama_config
+from helpers_llama import like_llama, tiny_llama_config
 
 peft = pytest.importorskip("peft")
 
@@ -79,9 +79,9 @@ def reload_adapter(case: str, base_state: dict, path, dtype: torch.dtype):
     return PeftModel.from_pretrained(fresh, path).eval()
 
 
-def assert_generate_equal(a, b, ids: torch.Tensor) -> None:
-    out_a = a.generate(input_ids=ids, max_new_tokens=3, do_sample=False)
-    out_b = b.generate(input_ids=ids, max_new_tokens=3, do_sample=False)
+def assert_generate_equal(a, b, ids: torch.Tensor, **kwargs) -> None:
+    out_a = a.generate(input_ids=ids, max_new_tokens=3, do_sample=False, **kwargs)
+    out_b = b.generate(input_ids=ids, max_new_tokens=3, do_sample=False, **kwargs)
     assert out_a.shape == (ids.shape[0], ids.shape[1] + 3)
     assert torch.equal(out_a, out_b)
 
@@ -431,7 +431,20 @@ def test_prompt_and_prefix_tuning_train_generate_and_reload(method, case, tmp_pa
     reloaded = reload_adapter(case, base_state, tmp_path, torch.float32)
     with torch.no_grad():
         assert torch.equal(reloaded(input_ids=ids).logits, peft_model(input_ids=ids).logits)
-    assert_generate_equal(peft_model, reloaded, ids[:, :5])
+    # generate beside a same-size Llama under the same method: where it works for Llama it must for us; where it
+    # breaks for Llama too (PEFT's prompt / prefix generate has broken across transformers releases) it is an xfail
+    # naming the versions
+    llama = peft.get_peft_model(base_model("llama"), prompt_config(method))
+    prompt = ids[:, :5]
+    like_llama(
+        lambda: generate_masked(llama, prompt),
+        lambda: assert_generate_equal(peft_model, reloaded, prompt, attention_mask=torch.ones_like(prompt)),
+        f"PEFT {type(prompt_config(method)).__name__} generate",
+    )
+
+
+def generate_masked(model, ids: torch.Tensor) -> torch.Tensor:
+    return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False)
 
 
 def test_versor_refuses_prefix_tuning_by_name():
@@ -451,7 +464,7 @@ def test_import_zpx_hf_registers_the_peft_integration():
 
 
 def test_zpx_hf_imports_without_peft():
-    # peft made unimportable: find_spec says absent, the package imports and registers its Auto classes
+    # peft made unimportable: the package imports, registers its Auto classes and waits for a peft import
     code = (
         "import sys; sys.modules['peft'] = None\n"
         "import zpx_hf, transformers\n"

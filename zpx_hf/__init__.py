@@ -2,11 +2,12 @@
 
 Importing the package registers every family with the Auto classes and marks the model
 classes for remote-code export, so `save_pretrained` writes a self-contained checkpoint
-that loads with `trust_remote_code=True` where `zpx_hf` is not installed. Where `peft` is
-installed it also registers each family's PEFT defaults (`integration_peft.py`).
+that loads with `trust_remote_code=True` where `zpx_hf` is not installed. Each family's PEFT defaults
+(`integration_peft.py`) are registered when `peft` is imported (at once if it already is): importing
+zpx_hf imports no optional package (peft, torchao, vllm).
 """
 
-import importlib.util
+import importlib
 
 from transformers import (
     AutoConfig,
@@ -18,6 +19,7 @@ from transformers import (
 from .configuration_pct import PCTConfig
 from .configuration_versor import VersorConfig
 from .configuration_zpx import ZPXConfig
+from .integration_imports import after_import
 from .modeling_pct import PCTForCausalLM, PCTForSequenceClassification, PCTModel
 from .modeling_versor import VersorForCausalLM, VersorForSequenceClassification, VersorModel
 from .modeling_zpx import ZPXForCausalLM, ZPXForSequenceClassification, ZPXModel
@@ -45,8 +47,8 @@ def _register(config_class, model_class, causal_lm_class, classification_class) 
 for _classes in FAMILIES.values():
     _register(*_classes)
 
-if importlib.util.find_spec("peft") is not None:  # default LoRA targets, Versor LoRA (see integration_peft)
-    from . import integration_peft  # noqa: F401
+# default LoRA targets, Versor LoRA, prefix-tuning refusal (see integration_peft), once peft is imported
+after_import("peft", lambda: importlib.import_module(f"{__name__}.integration_peft"))
 
 __all__ = [
     "ZPXConfig",

@@ -8,11 +8,16 @@ checks are data: each config class lists its fields' rules in `field_rules` (`Ru
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
+import inspect
 import math
 import warnings
 from typing import Any, ClassVar, NamedTuple
 
-from transformers import PretrainedConfig
+import torch
+from transformers import GenerationConfig, PretrainedConfig
 
 ROTARY_TYPES = ("srpe", "rope", "none")
 # Rotary tables and masks are sized by the context length; beyond this a config is a typo, not a model.
@@ -25,6 +30,20 @@ DEFAULT_MAX_POSITION_EMBEDDINGS = 512
 # 1e5 NaN in float16; 1e308 is inf in float32 already). So |weight| <= float16 max, for every dtype.
 LOGIT_SCALE_LIMIT = 65504.0
 TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+# Keys transformers (or a tool built on it) reads from a config's kwargs or writes to config.json without
+# keeping them as `PretrainedConfig` attributes (the rest are read off `PretrainedConfig` itself, below).
+TRANSFORMERS_CONFIG_KEYS = frozenset(
+    {
+        "add_cross_attention", "architectures", "attn_implementation", "auto_map", "bos_token_id",
+        "chunk_size_feed_forward", "cross_attention_hidden_size", "custom_pipelines", "decoder_start_token_id",
+        "dtype", "eos_token_id", "experts_implementation", "finetuning_task", "id2label", "is_decoder",
+        "is_encoder_decoder", "label2id", "model_type", "name_or_path", "num_labels", "output_attentions",
+        "output_hidden_states", "pad_token_id", "per_layer_config", "prefix", "problem_type", "pruned_heads",
+        "quantization_config", "return_dict", "rope_parameters", "rope_scaling", "sep_token_id",
+        "task_specific_params", "tf_legacy_loss", "tie_encoder_decoder", "tie_word_embeddings", "tokenizer_class",
+        "torch_dtype", "torchscript", "transformers_version", "use_bfloat16",
+    }
+)  # fmt: skip
 
 
 class Rule(NamedTuple):
@@ -98,6 +117,15 @@ def check_token_ids(vocab_size: int, token_ids: dict[str, Any]) -> None:
                 )
 
 
+def check_dtype_name(field: str, value: Any) -> None:
+    """`dtype` is null, a torch dtype, or its name ("bfloat16"): transformers turns a name into
+    `getattr(torch, name)`, which fails on a typo with an AttributeError about torch."""
+    if value is None or isinstance(value, torch.dtype):
+        return
+    if not isinstance(value, str) or not isinstance(getattr(torch, value, None), torch.dtype):
+        _fail(field, value, "expected a torch dtype name such as 'float32', 'bfloat16' or 'float16', or null.")
+
+
 def pop_removed_fields(kwargs: dict[str, Any], removed: dict[str, str]) -> None:
     """Drop fields earlier versions wrote to config.json (their checkpoints still load); warn when the
     stored value asked for something other than the default, since it no longer has an effect."""
@@ -105,6 +133,51 @@ def pop_removed_fields(kwargs: dict[str, Any], removed: dict[str, str]) -> None:
         value = kwargs.pop(field, None)
         if value not in (None, "auto"):
             warnings.warn(f"config field `{field}`={value!r} was removed and is ignored: {advice}", stacklevel=3)
+
+
+@functools.cache
+def transformers_config_keys() -> frozenset[str]:
+    """Every key transformers itself may pass to a config: `PretrainedConfig`'s fields, attributes and
+    properties on the installed version, the generation parameters older config.json files carry, and
+    `TRANSFORMERS_CONFIG_KEYS`."""
+    keys = set(TRANSFORMERS_CONFIG_KEYS) | set(vars(PretrainedConfig())) | set(GenerationConfig().to_dict())
+    if dataclasses.is_dataclass(PretrainedConfig):
+        keys.update(field.name for field in dataclasses.fields(PretrainedConfig))
+    keys.update(name for name in dir(PretrainedConfig) if isinstance(getattr(PretrainedConfig, name), property))
+    return frozenset(keys)
+
+
+@functools.cache
+def family_config_fields(config_class: type) -> frozenset[str]:
+    """The fields a config class defines itself: its checked fields and every `__init__` parameter up its MRO."""
+    fields = set(config_class.field_rules)
+    for klass in config_class.__mro__:
+        if "__init__" in vars(klass) and issubclass(klass, GeometricConfig):
+            parameters = inspect.signature(klass.__init__).parameters.values()
+            fields.update(p.name for p in parameters if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD)
+    fields.discard("self")
+    return frozenset(fields)
+
+
+def warn_unknown_fields(config_class: type, kwargs: dict[str, Any]) -> None:
+    """Warn for each key no code reads (a typo such as `hiden_size` leaves `hidden_size` at its default and
+    trains the wrong model), naming the nearest known field. transformers keeps such keys as attributes
+    without a word; private keys (`_...`) are its own bookkeeping."""
+    family = family_config_fields(config_class)
+    known = family | transformers_config_keys()
+    for key, value in kwargs.items():
+        if key in known or key.startswith("_"):
+            continue
+        nearest = difflib.get_close_matches(key, sorted(family), n=1) or difflib.get_close_matches(
+            key, sorted(known), n=1
+        )
+        hint = f"did you mean `{nearest[0]}`? Fix the spelling" if nearest else "check the spelling"
+        warnings.warn(
+            f"config field `{key}`={value!r} is not a {config_class.__name__} field and has no effect: {hint}, or "
+            "remove it.",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 class GeometricConfig(PretrainedConfig):
@@ -185,6 +258,9 @@ class GeometricConfig(PretrainedConfig):
         )
         # DynamicCache(config=...) reads `layer_types`; only values HF knows are allowed there.
         kwargs.pop("layer_types", None)
+        warn_unknown_fields(type(self), kwargs)
+        for field in ("dtype", "torch_dtype"):
+            check_dtype_name(field, kwargs.get(field))
         self.layer_types = ["full_attention"] * num_hidden_layers
         super().__init__(
             pad_token_id=pad_token_id,
@@ -232,16 +308,20 @@ class GeometricConfig(PretrainedConfig):
     }
 
     def __setattr__(self, key: str, value: Any) -> None:
-        # After `__init__`, assigning a checked field (also the overrides `from_pretrained(..., field=v)` sets
-        # by setattr) checks it at once; checks across fields run in `validate()`.
-        if key in type(self).field_rules and self.__dict__.get("_post_init_done"):  # set by PreTrainedConfig
-            check_field(key, value, type(self).field_rules[key])
+        # Once every checked field is set (after `__init__`, or a copy), assigning one (also the overrides
+        # `from_pretrained(..., field=v)` sets by setattr) checks it at once; checks across fields run in
+        # `validate()`. (transformers 5.25 marks the end of init with `_post_init_done`; 5.17 has no such mark.)
+        rules = type(self).field_rules
+        if key in rules and all(field in self.__dict__ for field in rules):
+            check_field(key, value, rules[key])
         super().__setattr__(key, value)
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
         result = super().from_dict(config_dict, **kwargs)
         config = result[0] if isinstance(result, tuple) else result
+        if not kwargs.get("return_unused_kwargs"):  # else the caller gets them back (the model's kwargs)
+            warn_unknown_fields(cls, {key: value for key, value in kwargs.items() if not hasattr(config, key)})
         config.validate()  # overrides were set one by one: check how they combine
         return result
 

@@ -116,6 +116,24 @@ def trim_static_cache(
     return key[..., :kv_length, :], value[..., :kv_length, :]
 
 
+def cumulative_lengths(name: str, value: Any) -> torch.Tensor | None:
+    """`cu_seq_lens_*` as an integer tensor: a list or tuple of ints is taken as one."""
+    if value is not None and not isinstance(value, torch.Tensor):
+        try:
+            value = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    if value is None or (
+        isinstance(value, torch.Tensor) and not value.is_floating_point() and value.dtype != torch.bool
+    ):
+        return value
+    shown = value.dtype if isinstance(value, torch.Tensor) else type(value).__name__
+    raise ValueError(
+        f"`{name}` must be integer cumulative document lengths (a tensor or list like [0, 7, 19]); got {shown}. "
+        "Pass the collator's value unchanged."
+    )
+
+
 def packed_document_ids(
     position_ids: torch.Tensor | None,
     padding_mask: torch.Tensor | None,
@@ -128,7 +146,7 @@ def packed_document_ids(
 
     From `cu_seq_lens_q` / `cu_seq_lens_k` when given (they win), else from `position_ids` restarting at 0,
     read only when no padding mask is given (left padding also restarts positions; transformers' rule)."""
-    cu_q, cu_k = packing.get("cu_seq_lens_q"), packing.get("cu_seq_lens_k")
+    cu_q, cu_k = (cumulative_lengths(name, packing.get(name)) for name in ("cu_seq_lens_q", "cu_seq_lens_k"))
     if cu_q is not None and cu_k is not None and not torch.equal(cu_q.flatten(), cu_k.flatten()):
         raise ValueError("`cu_seq_lens_q` and `cu_seq_lens_k` differ: packed self-attention needs one document set.")
     cu = cu_q if cu_q is not None else cu_k
@@ -323,6 +341,8 @@ class GeometricModel(GeometricPreTrainedModel):
             embedding_width=self.embed_tokens.weight.shape[-1],
             embedding_dtype=self.embed_tokens.weight.dtype,
         )
+        if position_ids is not None and position_ids.dim() == 1:
+            position_ids = position_ids[None]  # [L] is shared by every row, as [1, L]: packed documents too
 
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)

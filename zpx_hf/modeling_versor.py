@@ -492,10 +492,42 @@ class VersorModel(GeometricModel, VersorPreTrainedModel):
             )
 
 
+def warn_unquantized_projections(model: nn.Module, args: Any) -> None:
+    """Forward pre-hook of the Versor heads: quantisers that pick `nn.Linear`s (torchao's default `quantize_`
+    filter, transformers' `TorchAoConfig`, bitsandbytes) skip every `VersorLinear`, so the model would run with its
+    head (or nothing at all) quantised and its projections in float, without a word. Checked once per head weight
+    (quantising replaces it) and quantization config; skipped while compiling."""
+    if torch.compiler.is_compiling():
+        return
+    head = model.get_output_embeddings() if hasattr(model, "lm_head") else model.score
+    quantization = getattr(model.config, "quantization_config", None)
+    key = (id(head.weight), id(quantization))
+    if model.__dict__.get("_quantization_checked") == key:
+        return
+    model._quantization_checked = key
+    if plain_tensor(head.weight) and quantization is None:
+        return
+    projections = [module for module in model.modules() if isinstance(module, VersorLinear)]
+    if projections and all(plain_tensor(module.weight) for module in projections):
+        warnings.warn(
+            f"{type(model).__name__} is quantized (its nn.Linear head, or `quantization_config`) but none of its "
+            f"{len(projections)} VersorLinear projections is: torchao's default filter and TorchAoConfig pick "
+            "nn.Linear only. Use quantize_(model, config, filter_fn=zpx_hf.integration_torchao.is_projection), or "
+            "from_pretrained(..., quantization_config=TorchAoConfig(zpx_hf.integration_torchao.projection_config("
+            "config))).",
+            UserWarning,
+            stacklevel=2,
+        )
+
+
 class VersorForCausalLM(ForCausalLMHead, VersorPreTrainedModel, GenerationMixin):
     """LM head on the final multivector features (a real linear map of all 32 x channels blades)."""
 
     backbone_class = VersorModel
+
+    def __init__(self, config: VersorConfig) -> None:
+        super().__init__(config)
+        self.register_forward_pre_hook(warn_unquantized_projections)
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         # Assisted (speculative) decoding crops the cache back to the accepted draft tokens; an RRA rotor state is
@@ -519,6 +551,10 @@ class VersorForSequenceClassification(ForSequenceClassificationHead, VersorPreTr
     """Classifies from the last real token's multivector features."""
 
     backbone_class = VersorModel
+
+    def __init__(self, config: VersorConfig) -> None:
+        super().__init__(config)
+        self.register_forward_pre_hook(warn_unquantized_projections)
 
 
 __all__ = [
