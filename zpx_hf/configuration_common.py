@@ -232,9 +232,9 @@ class GeometricConfig(PretrainedConfig):
     }
 
     def __setattr__(self, key: str, value: Any) -> None:
-        # After `__init__`, assigning a checked field (also the overrides `from_pretrained(..., field=v)` sets
-        # by setattr) checks it at once; checks across fields run in `validate()`.
-        if key in type(self).field_rules and self.__dict__.get("_post_init_done"):  # set by PreTrainedConfig
+        # Every assignment of a checked field is checked at once: in `__init__`, later by hand, and the overrides
+        # `from_pretrained(..., field=v)` sets by setattr; checks across fields run in `validate()`.
+        if key in type(self).field_rules:
             check_field(key, value, type(self).field_rules[key])
         super().__setattr__(key, value)
 
