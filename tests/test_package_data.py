@@ -92,20 +92,16 @@ def test_installed_wheel_runs_zpx_main_from_an_empty_folder(tmp_path):
             if path.is_file():
                 assert f"zpx_hf_train/{path.relative_to(ROOT).as_posix()}" in names, path
     python, site = fresh_venv(tmp_path)
-    install = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)]
-    subprocess.run(install, check=True, capture_output=True)  # the test environment's pip, into the new venv
+    # the test environment's pip, into the new venv; --ignore-installed: the zpx-hf that environment may hold
+    # (an editable install) is neither taken as already there nor touched
+    install = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", str(wheel)]
+    subprocess.run(install, check=True, capture_output=True)
     empty = tmp_path / "empty"
     empty.mkdir()
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME")}
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
-    where = subprocess.run(
-        [str(python), "-c", WHERE],
-        cwd=empty,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    where = subprocess.run([str(python), "-c", WHERE], cwd=empty, env=env, capture_output=True, text=True)
+    assert where.returncode == 0, where.stderr[-3000:]
     located = json.loads(where.stdout)
     for name in ("zpx_hf", "zpx_hf_train", "configs", "model_cards"):
         assert Path(located[name]).is_relative_to(site), (name, located[name])  # nothing from the source tree
