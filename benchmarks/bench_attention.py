@@ -8,7 +8,7 @@ Paths (one head layout for all: B=1, H=2 on CPU / B=2, H=8 on CUDA, 64 features 
   softmax_sdpa      torch SDPA softmax attention (the baseline; flash/efficient kernels where available)
   zpx_materialised  ZPX's score term by term (docs/design.md §3.3): [L, L, C], [L, L, C, 3] tensors (C = 4)
   zpx_sdpa          ZPX as SDPA on the augmented head dim d + 5C (exact)
-  pct_reference     PCT sigmoid attention, kernel "cpu": the tiled PyTorch path (query panels; real head dim 2d = 64)
+  pct_reference     PCT sigmoid attention, kernel "panel": the PyTorch path (query panels; real head dim 2d = 64)
   pct_triton        PCT fused Triton kernels (CUDA)
   gpa_reference     Versor GPA naive: [L, L, 11] score products materialised (2 multivector channels)
   gpa_chunked       Versor GPA O(L) PyTorch path: query panels, causal key blocks, online softmax
@@ -72,7 +72,7 @@ def zpx_op(kernel: str) -> Callable[..., Any]:
             torch.cat((key, features), -1),
             value,
             features,
-            padding_mask,
+            key_padding_mask=padding_mask,
             causal=True,
             scaling=query.shape[-1] ** -0.5,
             lambda_angle=1.0,
@@ -102,7 +102,7 @@ def make_step(path: str, length: int, device: str, dtype: Any, batch: int, heads
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     elif path in ("zpx_materialised", "zpx_sdpa"):
-        op = zpx_op("naive" if path == "zpx_materialised" else "cpu")
+        op = zpx_op("naive" if path == "zpx_materialised" else "panel")
         q, k, v = (make(batch, heads, length, d) for _ in range(3))
         pre = [make(batch, heads, length, PHASE_CHANNELS) for _ in range(3)]
 
@@ -112,7 +112,7 @@ def make_step(path: str, length: int, device: str, dtype: Any, batch: int, heads
     elif path in ("pct_reference", "pct_triton"):
         from zpx_hf.ops_pct import pct_attention
 
-        kernel = "cpu" if path == "pct_reference" else "triton"
+        kernel = "panel" if path == "pct_reference" else "triton"
         q, k = make(batch, heads, length, d, scale=d**-0.5), make(batch, heads, length, d, scale=d**-0.5)
         v = make(batch, heads, length, d)
         tau = torch.full((heads,), d**0.5 / 2**0.5, device=device, requires_grad=True)
@@ -124,7 +124,7 @@ def make_step(path: str, length: int, device: str, dtype: Any, batch: int, heads
     elif path in ("gpa_reference", "gpa_chunked", "gpa_triton"):
         from zpx_hf.ops_gpa import geometric_product_attention
 
-        kernel = {"gpa_reference": "naive", "gpa_chunked": "cpu", "gpa_triton": "triton"}[path]
+        kernel = {"gpa_reference": "naive", "gpa_chunked": "chunk", "gpa_triton": "triton"}[path]
         q, k, v = (make(batch, heads, length, d, scale=0.5) for _ in range(3))
         gamma = torch.full((heads,), 0.1, device=device, requires_grad=True)
 

@@ -4,7 +4,7 @@ Forward + backward of one attention call, B=1, H heads, complex head dim d (real
 through `zpx_hf.ops_pct.pct_attention(..., kernel=...)`:
 
 * `naive`         the formula with a full [B, H, L, L] gate tensor (`ops_pct_naive.py`)
-* `cpu`           query panels with a recomputing backward (`ops_pct_cpu.py`; the CPU path; once `tiled`)
+* `panel`         query panels with a recomputing backward (`ops_pct_panel.py`; the CPU path; once `cpu`, `tiled`)
 * `triton`        the fused kernels (`ops_pct_triton.py`; CUDA only: on CPU Triton only has its
                   interpreter, which is a correctness tool, not a fast path)
 * `sdpa-softmax`  `torch.nn.functional.scaled_dot_product_attention` at the same real head dim 2d
@@ -32,7 +32,7 @@ from pathlib import Path
 from measure import interleaved_times, median_ratio, medians, peak_memory, run_worker  # benchmarks/measure.py
 
 RESULTS = Path(__file__).resolve().parent / "results"
-METHODS = ("naive", "cpu", "triton", "sdpa-softmax")
+METHODS = ("naive", "panel", "triton", "sdpa-softmax")
 
 
 def make_op(method: str, length: int, device: str, dtype_name: str, heads: int, complex_dim: int):
@@ -157,7 +157,7 @@ def main() -> None:
     import torch
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    cpu_methods = ["naive", "cpu", "sdpa-softmax"]
+    cpu_methods = ["naive", "panel", "sdpa-softmax"]
     lines = run_device("cpu", args.lengths, ["float32"], cpu_methods, args)
     lines.append(
         "CPU has no Triton fast path (the interpreter only checks correctness), so the kernel rows are GPU-only."

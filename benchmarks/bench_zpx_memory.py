@@ -2,7 +2,7 @@
 
 1. Attention op, forward + backward, at L = 512 ... 4096: the materialised form of docs/design.md §3.3
    (kernel `naive`, [L, L, C] and [L, L, C, 3] tensors) vs the exact augmented-head-dim
-   SDPA form (kernel `cpu`). Each point runs in a fresh subprocess; peak memory and wall-clock
+   SDPA form (kernel `panel`). Each point runs in a fresh subprocess; peak memory and wall-clock
    medians as every benchmark measures them (benchmarks/measure.py: the first call's peak RSS growth on
    the CPU, `torch.cuda.max_memory_allocated` above the inputs on CUDA).
    At `--padded-lengths` (default 16384) the fast form with one left-padded key (a padding mask) against
@@ -31,11 +31,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def attention_worker(
     path: str, length: int, device: str, heads: int, head_dim: int, channels: int, repeats: int = 3
 ) -> dict:
-    """`path`: "materialised" (kernel naive), "sdpa" (kernel cpu) or "sdpa-padded" (cpu, one padded key)."""
+    """`path`: "materialised" (kernel naive), "sdpa" (kernel panel) or "sdpa-padded" (panel, one padded key)."""
     import torch
 
     torch.manual_seed(0)
-    op = zpx_op("naive" if path == "materialised" else "cpu")
+    op = zpx_op("naive" if path == "materialised" else "panel")
     padding = None
     if path == "sdpa-padded":
         padding = torch.ones(1, length, dtype=torch.bool, device=device)
@@ -196,7 +196,7 @@ def padded_table(rows: list[dict], args: argparse.Namespace) -> list[str]:
     """zpx_memory_padded_<device>.md: the padded fast path's peak against the unpadded one."""
     by = {(r["L"], r["path"]): r for r in rows}
     lines = [
-        f"ZPX attention (kernel `cpu`), forward + backward, one call, B=1, H={args.heads}, d={args.head_dim}, "
+        f"ZPX attention (kernel `panel`), forward + backward, one call, B=1, H={args.heads}, d={args.head_dim}, "
         f"C={args.channels}, fp32, causal, device={args.device}: no padding vs one left-padded key (a [1, L] "
         "padding mask) (`python benchmarks/bench_zpx_memory.py --padded-only`; CPU peak = growth over the RSS "
         "just before the call).",

@@ -115,7 +115,7 @@ def check_pct(rows: list[dict[str, Any]], dtypes: list[Any], quick: bool) -> Non
                     compare(
                         f"pct L={lq} D={dim} causal={causal} mask={masked}",
                         lambda *a, m=mask, c=causal: pct_attention(*a, causal=c, key_padding_mask=m, kernel="triton"),
-                        lambda *a, m=mask, c=causal: pct_attention(*a, causal=c, key_padding_mask=m, kernel="cpu"),
+                        lambda *a, m=mask, c=causal: pct_attention(*a, causal=c, key_padding_mask=m, kernel="panel"),
                         [q, k, v, tau, bias],
                         ["dq", "dk", "dv", "dtau", "dbias"],
                         dtype,
@@ -238,7 +238,7 @@ def check_zpx(rows: list[dict[str, Any]], dtypes: list[Any]) -> None:
     for dtype in dtypes:
         compare(
             f"zpx sdpa vs materialised L={length}",
-            run("cpu"),
+            run("panel"),
             run("naive"),
             [q, k, v, *pre],
             ["dq", "dk", "dv", "dlog_r", "dtheta", "db"],

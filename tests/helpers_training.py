@@ -21,3 +21,13 @@ class StopAt(TrainerCallback):
         if state.global_step >= self.step:
             control.should_training_stop = True
         return control
+
+
+class CountSteps(TrainerCallback):
+    """The optimizer steps a run actually executes (a resume that ignored its checkpoint would execute them all)."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(state.global_step)

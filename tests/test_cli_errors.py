@@ -2,6 +2,7 @@
 (interrupted: 130), never a traceback; `--help` is short and exits 0; the YAML loader is bounded."""
 
 import errno
+import json
 import os
 import re
 import signal
@@ -130,6 +131,12 @@ def _hung(signum, frame):
         ({"model_type": "zpx\nattn_implementation: bogus"}, "`attn_implementation` = 'bogus'"),
         ({"mqar_num_pairs": "30"}, "key `data.mqar_num_pairs`: mqar num_pairs=30 must be in [1, 26]"),
         ({"max_train_blocks": "0"}, "key `data.max_train_blocks` = 0 must be >= 1"),
+        ({"model_type": "zpx\n1: x"}, "line 3: key 1 is a number, not a name; config keys are names such as `seed`"),
+        ({"hidden_size": "32\n  32: x"}, "key 32 is a number, not a name"),
+        ({"model_type": "zpx\n? [a, b]\n: 1"}, "line 3: key ['a', 'b'] is a list, not a name"),
+        ({"seed": "4294967296"}, "key `training.seed` = 4294967296 must be in [0, 4294967295]"),
+        ({"seed": "-1"}, "key `training.seed` = -1 must be in [0, 4294967295]"),
+        ({"dataloader_num_workers": "-1"}, "key `training.dataloader_num_workers` = -1 must be >= 0"),
     ],
 )
 def test_bad_config_values_are_one_line(tmp_path, capsys, replace, expected):
@@ -272,6 +279,19 @@ def test_ctrl_c_is_one_line_naming_the_intact_checkpoint_and_the_resume_command(
     assert resumed[TrainingArguments].output_dir == str(out) and (out / "model.safetensors").is_file()
 
 
+def test_ctrl_c_during_an_overwrite_is_one_line_saying_the_old_run_is_back(tmp_path, capsys):
+    out = tmp_path / "out"
+    flags = ["--output_dir", str(out), "--max_steps", "4", "--save_steps", "2", "--eval_strategy", "no"]
+    assert train_main([str(MICRO), *flags, "--max_steps", "2", "--tasks", "mqar"]) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "_zpx.lock"}
+    capsys.readouterr()
+    run = load_run_config(str(MICRO), [*flags, "--tasks", "mqar", "passkey", "--overwrite_output_dir", "true"])
+    assert guarded(lambda: run_training(run, callbacks=[_CtrlC(3)]), "zpx-train", run=run) == (130, None)
+    line = _one_line(capsys, f"zpx-train: interrupted; the overwrite is undone: {out} holds the run it held before")
+    assert "run the same command again to start the overwrite over" in line and "resume" not in line
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "_zpx.lock"} == before
+
+
 def test_ctrl_c_before_a_checkpoint_says_so(capsys):
     def interrupted():
         raise KeyboardInterrupt
@@ -315,6 +335,17 @@ def test_lora_base_with_truncated_weights_is_one_line(tmp_path, capsys, lora_bas
     weights.write_bytes(weights.read_bytes()[:100])
     assert finetune_main(_lora_flags(tmp_path, lora_base)) == 2
     _one_line(capsys, "zpx-finetune-lora: config error: key `base_model`", "cannot be loaded")
+
+
+def test_lora_base_whose_config_and_weights_disagree_is_one_line(tmp_path, capsys, lora_base):
+    config = json.loads((lora_base / "config.json").read_text())
+    (lora_base / "config.json").write_text(json.dumps({**config, "intermediate_size": 96}))
+    assert finetune_main(_lora_flags(tmp_path, lora_base)) == 2
+    _one_line(
+        capsys,
+        "zpx-finetune-lora: config error: key `base_model`",
+        "mlp.down_proj.weight is [32, 64] in model.safetensors but [32, 96] by its config.json",
+    )
 
 
 def test_lora_targets_missing_from_the_model_are_one_line(tmp_path, capsys, lora_base):

@@ -20,7 +20,7 @@ import torch
 from conftest import make_tiny_config
 
 import zpx_hf
-from zpx_hf import ops_gpa_cpu, ops_pct_cpu
+from zpx_hf import ops_gpa_chunk, ops_pct_panel
 
 CASES = ("zpx", "pct", "versor-hybrid")
 RUNS = [
@@ -58,9 +58,9 @@ def assert_close_ulps(actual: torch.Tensor, expected: torch.Tensor, name: str) -
 
 @pytest.mark.parametrize(("case", "implementation"), RUNS)
 def test_training_step_compiles_to_one_graph_and_matches_eager(case: str, implementation: str, monkeypatch) -> None:
-    monkeypatch.setattr(ops_pct_cpu, "PANEL_ROWS", 4)
-    monkeypatch.setattr(ops_gpa_cpu, "PANEL", 4)
-    monkeypatch.setattr(ops_gpa_cpu, "BLOCK", 4)
+    monkeypatch.setattr(ops_pct_panel, "PANEL_ROWS", 4)
+    monkeypatch.setattr(ops_gpa_chunk, "PANEL", 4)
+    monkeypatch.setattr(ops_gpa_chunk, "BLOCK", 4)
     torch._dynamo.reset()
     torch.manual_seed(0)
     config = make_tiny_config(case)

@@ -1,6 +1,7 @@
 """zpx-inspect: the pictures of a trained model show the model's own numbers (tiny random models per family)."""
 
 import json
+import shutil
 from pathlib import Path
 
 import matplotlib.image
@@ -215,6 +216,8 @@ def test_remote_code_checkpoint_is_inspected_through_its_own_code(zpx_run, tmp_p
         ("empty", "has no config.json"),
         ("llama", "not a zpx-hf checkpoint"),
         ("no_weights", "could not be loaded"),
+        ("not_utf8", "config.json is not a UTF-8 JSON object"),
+        ("mismatch", "model.safetensors but [32, 96] by its config.json"),
     ],
 )
 def test_cli_bad_run_dir_exits_2_with_one_line(setup, message, tmp_path, capsys, zpx_run):
@@ -225,6 +228,12 @@ def test_cli_bad_run_dir_exits_2_with_one_line(setup, message, tmp_path, capsys,
         (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
     if setup == "no_weights":
         (folder / "config.json").write_text((zpx_run / "config.json").read_text())
+    if setup == "not_utf8":
+        (folder / "config.json").write_bytes(b'{"model_type": "zpx\xff"}')
+    if setup == "mismatch":  # weights of one width, a config.json of another
+        shutil.copytree(zpx_run, folder, dirs_exist_ok=True)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 96}))
     assert main([str(folder)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("zpx-inspect: ") and message in err

@@ -14,7 +14,7 @@ from conftest import TINY_VOCAB, assert_close_eps, make_tiny_config
 from helpers_llama import tiny_llama_config
 from transformers import AutoModelForCausalLM, DataCollatorWithFlattening
 
-from zpx_hf import ops_pct_cpu, ops_zpx_cpu
+from zpx_hf import ops_pct_panel, ops_zpx_panel
 
 FAMILIES = ["zpx", "pct"]
 DOCUMENTS = [7, 12, 1, 5]
@@ -52,8 +52,8 @@ def gradients(model, loss):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_packed_row_equals_each_document_alone(family, implementation, source, monkeypatch):
     """Logits and every gradient, float64; ZPX with its centre loss (summed per document); several panels."""
-    monkeypatch.setattr(ops_pct_cpu, "PANEL_ROWS", 4)
-    monkeypatch.setattr(ops_zpx_cpu, "MASK_ELEMENTS", 8 * 25)
+    monkeypatch.setattr(ops_pct_panel, "PANEL_ROWS", 4)
+    monkeypatch.setattr(ops_zpx_panel, "MASK_ELEMENTS", 8 * 25)
     overrides = {"center_loss_weight": 0.3} if family == "zpx" else {}
     model = causal_lm(family, implementation, **overrides)
     docs = documents()

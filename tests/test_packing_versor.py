@@ -1,6 +1,6 @@
 """Packed sequences through Versor (issue 22): a packed batch equals each document run alone.
 
-In the shape of flash-linear-attention's model tests: every GPA and RRA kernel (naive, cpu, decode,
+In the shape of flash-linear-attention's model tests: every GPA and RRA kernel (naive, chunk / scan, decode,
 Triton under TRITON_INTERPRET=1) and every mixer, outputs and every gradient (float64 tight; fp32 within a
 bound scaled to eps), `DataCollatorWithFlattening` against the unpacked documents, cached token-by-token
 decoding with random left padding against one uncached forward, and the old kernel names.
@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import TINY_VOCAB, make_tiny_config
 
-from zpx_hf import VersorConfig, VersorForCausalLM, ops_gpa_cpu
+from zpx_hf import VersorConfig, VersorForCausalLM, ops_gpa_chunk
 from zpx_hf.clifford_algebra import BOOST_INDICES, rotor_exp
 from zpx_hf.modeling_blocks import CACHE_FIELD
 from zpx_hf.ops_gpa import HAS_TRITON, geometric_product_attention
@@ -80,15 +80,15 @@ def gpa_packed_and_alone(kernel, dtype, causal, bivector=True):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Panels and key blocks smaller than a document: block skipping and per-block document masks run."""
-    monkeypatch.setattr(ops_gpa_cpu, "PANEL", 4)
-    monkeypatch.setattr(ops_gpa_cpu, "BLOCK", 4)
+    monkeypatch.setattr(ops_gpa_chunk, "PANEL", 4)
+    monkeypatch.setattr(ops_gpa_chunk, "BLOCK", 4)
 
 
 NAMES = ("output", "d query", "d key", "d value", "d gamma")
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("kernel", ["naive", "cpu"])
+@pytest.mark.parametrize("kernel", ["naive", "chunk"])
 def test_gpa_packed_equals_each_document_alone_float64(kernel, causal, small_chunks):
     packed, alone = gpa_packed_and_alone(kernel, torch.float64, causal)
     for name, got, want in zip(NAMES, packed, alone):
@@ -102,7 +102,7 @@ def test_gpa_scalar_only_packed_through_sdpa_float64():
     assert packed[4] is None  # gamma is not part of the scalar-only function
 
 
-@pytest.mark.parametrize("kernel", ["cpu"] + (["triton"] if HAS_TRITON else []))
+@pytest.mark.parametrize("kernel", ["chunk"] + (["triton"] if HAS_TRITON else []))
 def test_gpa_packed_equals_each_document_alone_float32(kernel, small_chunks):
     # fp32 against the float64 documents: rounding of dot products over D = 32 and of the softmax; the
     # Triton path runs under TRITON_INTERPRET=1 on CPU (conftest sets it before kernels are defined)
@@ -119,7 +119,7 @@ def test_gpa_documents_and_padding_combine():
     kwargs = dict(causal=True, key_padding_mask=padding, document_ids=document_ids([(5, 1, 7), (4, 9)]))
     want = geometric_product_attention(*leaves, kernel="naive", **kwargs)
     assert float(want[1, :, :4].abs().max()) == 0.0  # padding rows of a padding-only document see nothing
-    assert_close_scaled(geometric_product_attention(*leaves, kernel="cpu", **kwargs), want, 1e-12)
+    assert_close_scaled(geometric_product_attention(*leaves, kernel="chunk", **kwargs), want, 1e-12)
 
 
 # ---------------------------------------------------------------- RRA: every kernel
@@ -172,7 +172,7 @@ RRA_NAMES = ("output", "state", "d bivectors", "d value", "d initial")
 
 
 @pytest.mark.parametrize("accumulate", ["compact", "full"])
-@pytest.mark.parametrize("kernel", ["naive", "cpu", "decode"])
+@pytest.mark.parametrize("kernel", ["naive", "scan", "decode"])
 def test_rra_packed_restarts_the_rotor_at_each_document_float64(kernel, accumulate):
     packed, alone = rra_packed_and_alone(kernel, accumulate, torch.float64)
     for name, got, want in zip(RRA_NAMES, packed, alone):
@@ -180,7 +180,7 @@ def test_rra_packed_restarts_the_rotor_at_each_document_float64(kernel, accumula
 
 
 @pytest.mark.parametrize("accumulate", ["compact", "full"])
-@pytest.mark.parametrize("kernel", ["cpu"] + (["triton"] if HAS_TRITON else []))
+@pytest.mark.parametrize("kernel", ["scan"] + (["triton"] if HAS_TRITON else []))
 def test_rra_packed_restarts_the_rotor_at_each_document_float32(kernel, accumulate):
     # rounding accumulates along a document: within 10 L float32 eps of each quantity's largest entry
     packed, alone = rra_packed_and_alone(kernel, accumulate, torch.float32)
@@ -189,10 +189,10 @@ def test_rra_packed_restarts_the_rotor_at_each_document_float32(kernel, accumula
 
 
 def test_rra_packed_scan_over_long_documents_float64():
-    # documents longer than several scan rounds (log-depth combine across a restart) on the cpu kernel
+    # documents longer than several scan rounds (log-depth combine across a restart) on the scan kernel
     rows = [(40, 1, 23), (64,)]
     leaves = [x.detach() for x in rra_inputs("compact", torch.float64, length=64, heads=1, channels=1)]
-    out, _ = recursive_rotor_accumulator(leaves[0], leaves[1], document_ids=document_ids(rows), kernel="cpu")
+    out, _ = recursive_rotor_accumulator(leaves[0], leaves[1], document_ids=document_ids(rows), kernel="scan")
     for b, start, stop in documents(rows):
         doc, _ = recursive_rotor_accumulator(leaves[0][b : b + 1, start:stop], leaves[1][b : b + 1, start:stop])
         assert_close_scaled(out[b : b + 1, start:stop], doc, 1e-11, f"document {b}:{start}-{stop}")
@@ -202,8 +202,8 @@ def test_rra_packed_scan_over_long_documents_float64():
 
 
 # the names earlier versions of GPA and RRA used (configs, scripts, benchmarks)
-OLD_GPA_NAMES = {"chunked": "cpu", "reference": "naive"}
-OLD_RRA_NAMES = {"sequential": "naive", "scan": "cpu", "recurrent": "decode", "step": "decode"}
+OLD_GPA_NAMES = {"cpu": "chunk", "chunked": "chunk", "reference": "naive"}
+OLD_RRA_NAMES = {"cpu": "scan", "sequential": "naive", "recurrent": "decode", "step": "decode"}
 
 
 def test_old_kernel_names_select_the_same_kernels_with_a_warning():

@@ -150,7 +150,7 @@ def test_log_tau_is_capped_at_the_logit_scale_limit():
     assert torch.isfinite(attention.temperature().half()).all()
 
 
-KERNEL_CASES = [("naive", 37, torch.float64), ("cpu", 37, torch.float64), ("decode", 1, torch.float64)]
+KERNEL_CASES = [("naive", 37, torch.float64), ("panel", 37, torch.float64), ("decode", 1, torch.float64)]
 if HAS_TRITON:  # TRITON_INTERPRET=1 on CPU (conftest), fp32 only
     KERNEL_CASES.append(("triton", 37, torch.float32))
 

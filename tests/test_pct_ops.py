@@ -1,5 +1,5 @@
 """PCT attention ops, every kernel through the one entry `pct_attention`: naive vs a complex float64 formula,
-cpu, decode and Triton (interpreter) vs naive on one grid, the dispatch, bf16 autocast, and ComplexLinear's
+panel, decode and Triton (interpreter) vs naive on one grid, the dispatch, bf16 autocast, and ComplexLinear's
 fast paths (plain and under PEFT LoRA)."""
 
 import functools
@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import assert_close_eps
 
-from zpx_hf import ops_pct, ops_pct_cpu
+from zpx_hf import ops_pct, ops_pct_panel
 from zpx_hf.modeling_complex import GAUSS_MIN_ROWS, ComplexLinear, complex_linear
 from zpx_hf.ops_pct import HAS_TRITON, PCT_KERNELS, pct_attention, pct_attention_weights, resolve_kernel
 
@@ -30,7 +30,7 @@ def kernel(name):
 
 
 pct_attention_naive = kernel("naive")
-pct_attention_cpu = kernel("cpu")
+pct_attention_panel = kernel("panel")
 pct_attention_triton = kernel("triton")
 
 
@@ -107,12 +107,12 @@ def test_naive_matches_complex_float64_formula(shape, mode):
 
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("shape", GRID, ids=GRID_IDS)
-def test_cpu_matches_naive_float64(shape, mode, monkeypatch):
-    monkeypatch.setattr(ops_pct_cpu, "PANEL_ROWS", 16)  # several panels at these lengths
+def test_panel_matches_naive_float64(shape, mode, monkeypatch):
+    monkeypatch.setattr(ops_pct_panel, "PANEL_ROWS", 16)  # several panels at these lengths
     causal, padded = MODES[mode]
     inputs, mask, grad = make_inputs(shape, padded, seed=1)
     assert_close_scaled(
-        run(pct_attention_cpu, inputs, mask, grad, causal),
+        run(pct_attention_panel, inputs, mask, grad, causal),
         run(pct_attention_naive, inputs, mask, grad, causal),
         1e-12,
     )
@@ -164,26 +164,26 @@ def test_decode_branch_reads_python_numbers_as_the_reference(default, dtype):
         torch.set_default_dtype(previous)
 
 
-def test_cpu_gradcheck_float64(monkeypatch):
-    monkeypatch.setattr(ops_pct_cpu, "PANEL_ROWS", 3)
+def test_panel_gradcheck_float64(monkeypatch):
+    monkeypatch.setattr(ops_pct_panel, "PANEL_ROWS", 3)
     inputs, mask, _ = make_inputs((2, 1, 4, 7, 4), padded=True, seed=2)
-    assert torch.autograd.gradcheck(lambda *a: pct_attention_cpu(*a, key_padding_mask=mask), inputs)
+    assert torch.autograd.gradcheck(lambda *a: pct_attention_panel(*a, key_padding_mask=mask), inputs)
 
 
-def test_cpu_computes_only_visible_panels(monkeypatch):
+def test_panel_computes_only_visible_panels(monkeypatch):
     """No pass holds more than PANEL_ROWS x Lk gates, and causal panels stop at their last visible key."""
-    monkeypatch.setattr(ops_pct_cpu, "PANEL_ROWS", 16)
+    monkeypatch.setattr(ops_pct_panel, "PANEL_ROWS", 16)
     seen = []
-    original = ops_pct_cpu._panel_gates
+    original = ops_pct_panel._panel_gates
 
     def spy(q_scaled, key, bias_bh, block, *args):
         start, end, lo, keys = block
         seen.append((end - start, keys - lo))
         return original(q_scaled, key, bias_bh, block, *args)
 
-    monkeypatch.setattr(ops_pct_cpu, "_panel_gates", spy)
+    monkeypatch.setattr(ops_pct_panel, "_panel_gates", spy)
     inputs, mask, grad = make_inputs((1, 2, 50, 70, 8), padded=True, seed=3)
-    run(pct_attention_cpu, inputs, mask, grad, True)
+    run(pct_attention_panel, inputs, mask, grad, True)
     # panels of rows [0,16) [16,32) [32,48) [48,50) see keys up to 36, 52, 68, 70; forward + backward
     assert seen == [(16, 36), (16, 52), (16, 68), (2, 70)] * 2
 
@@ -232,18 +232,20 @@ def test_weights_are_the_naive_gates():
     assert_close_eps(gates @ v, pct_attention_naive(q, k, v, tau, bias, key_padding_mask=mask), ulps=64)
 
 
-def test_dispatch_auto_is_cpu_on_cpu_and_unknown_kernel_fails():
+def test_dispatch_auto_is_panel_on_cpu_and_unknown_kernel_fails():
     inputs, _, _ = make_inputs((1, 2, 4, 6, 8), padded=False)
-    assert PCT_KERNELS == ("naive", "cpu", "triton", "decode")
-    assert resolve_kernel("auto", inputs[0]) == "cpu"
+    assert PCT_KERNELS == ("naive", "panel", "triton", "decode")
+    assert resolve_kernel("auto", inputs[0]) == "panel"
     assert resolve_kernel("auto", inputs[0][:, :, -1:]) == "decode"  # one row: the decoding step, same entry
-    for name in ("naive", "cpu"):
+    for name in ("naive", "panel"):
         assert resolve_kernel(name, inputs[0]) == name
         expected = pct_attention_naive(*inputs)
         assert_close_eps(pct_attention(*inputs, kernel=name), expected, ulps=64)
-    with pytest.warns(FutureWarning, match="'tiled' is now called 'cpu'"):  # the earlier name still works
-        torch.testing.assert_close(pct_attention(*inputs, kernel="tiled"), pct_attention_cpu(*inputs), rtol=0, atol=0)
-    with pytest.raises(ValueError, match=r"`kernel`='flash'.*'naive', 'cpu', 'triton', 'decode'"):
+    for old in ("tiled", "cpu"):  # the earlier names still work
+        with pytest.warns(FutureWarning, match=f"'{old}' is now called 'panel'"):
+            got = pct_attention(*inputs, kernel=old)
+        torch.testing.assert_close(got, pct_attention_panel(*inputs), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"`kernel`='flash'.*'naive', 'panel', 'triton', 'decode'"):
         pct_attention(*inputs, kernel="flash")
     with pytest.raises(ValueError, match="'decode' takes one query row"):
         pct_attention(*inputs, kernel="decode")
@@ -261,7 +263,7 @@ def test_bad_inputs_name_the_argument():
         pct_attention(q, q, q[..., :4], 1.0, 0.0)
 
 
-@pytest.mark.parametrize("kernel", ["naive", "cpu"])
+@pytest.mark.parametrize("kernel", ["naive", "panel"])
 def test_bf16_autocast_stays_within_bound_of_fp32(kernel):
     """Under CPU bf16 autocast with bf16 q, k, v (what autocast linears give) the gates are computed in
     float32: out and every gradient differ from fp32 by the bf16 rounding of the inputs only, bounded here
@@ -301,7 +303,7 @@ def test_triton_cuda_half_precision(dtype, length):
     inputs, mask, grad = make_inputs((2, 4, length, length, 128), padded=True, dtype=dtype)
     inputs = tuple(t.detach().cuda().requires_grad_() for t in inputs)
     mask, grad = mask.cuda(), grad.cuda()
-    expected = run(pct_attention_cpu, tuple(t.detach().float().requires_grad_() for t in inputs), mask, grad, True)
+    expected = run(pct_attention_panel, tuple(t.detach().float().requires_grad_() for t in inputs), mask, grad, True)
     assert_close_scaled(run(pct_attention, inputs, mask, grad, True), expected, 2e-2)
 
 

@@ -8,24 +8,41 @@
   model-only checkpoints, and finishes a run killed after its last step;
 - a failed overwrite gives the folder back to the run it held; reports are written atomically;
 - LoRA targets that match no module are refused, not dropped.
+
+Round three (issue 38): an overwrite deletes only a run's own folder (never a folder of other runs); nothing is
+written through a symbolic link; a resumed checkpoint is verified (complete optimizer state, the sha256 of every
+file recorded at save time), a bad one skipped by name or refused when named; a checkpoint of another run copied
+into the folder is refused; a resume trains only the remaining steps.
 """
 
 import json
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
-from helpers_training import SMALL, StopAt
+from helpers_training import SMALL, CountSteps, StopAt
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from zpx_hf_train.config import ConfigError
 from zpx_hf_train.finetune_lora import load_finetune_config, run_finetune
 from zpx_hf_train.report import write_report
-from zpx_hf_train.run_folder import LOCK_FILE, RUN_MARKER, FolderLock, checkpoint_problem
+from zpx_hf_train.run_folder import (
+    ASIDE,
+    LOCK_FILE,
+    MANIFEST,
+    RUN_MARKER,
+    FolderLock,
+    RunFolder,
+    atomic_write,
+    checkpoint_problem,
+    identity_of,
+    read_marker,
+)
 from zpx_hf_train.train import load_run_config, main, run_training
 from zpx_hf_train.trainer import TrainingDivergedError
 
@@ -46,6 +63,18 @@ class KillAtTrainEnd(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         raise KeyboardInterrupt
+
+
+def _resume_last(out, capsys, max_steps):
+    """`resume last` of the micro run in `out` up to `max_steps`: its result, the steps it trained, what it printed."""
+    capsys.readouterr()
+    steps = CountSteps()
+    flags = ["--max_steps", str(max_steps), "--save_steps", "2", "--resume_from_checkpoint", "last"]
+    return _train(out, *flags, callbacks=[steps]), steps.steps, capsys.readouterr()
+
+
+def _files(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != LOCK_FILE}
 
 
 class Poison(TrainerCallback):
@@ -119,12 +148,10 @@ def test_resume_skips_truncated_checkpoints_and_names_them(tmp_path, capsys):
     text = state.read_text()
     state.write_text(text[: len(text) // 2])  # a kill while writing the state
     assert checkpoint_problem(out / "checkpoint-4") == "truncated trainer_state.json"
-    capsys.readouterr()
-    resumed = _train(out, "--max_steps", "6", "--save_steps", "2", "--resume_from_checkpoint", "last")
-    printed = capsys.readouterr()
+    resumed, steps, printed = _resume_last(out, capsys, max_steps=6)
     assert f"resuming from {out / 'checkpoint-2'}" in printed.out
-    assert "skipped incomplete checkpoints: checkpoint-4 (truncated trainer_state.json)" in printed.err
-    assert resumed["trainer"].state.global_step == 6
+    assert "not the newest checkpoint: skipped checkpoint-4 (truncated trainer_state.json)" in printed.err
+    assert resumed["trainer"].state.global_step == 6 and steps == [3, 4, 5, 6]  # only the remaining steps
 
     # weights cut short under an intact state: refused when named explicitly, skipped by `resume last`
     weights = out / "checkpoint-6" / "model.safetensors"
@@ -132,12 +159,10 @@ def test_resume_skips_truncated_checkpoints_and_names_them(tmp_path, capsys):
     assert checkpoint_problem(out / "checkpoint-6") == "truncated model.safetensors"
     with pytest.raises(ConfigError, match=r"checkpoint-6' is not a complete checkpoint \(truncated model.safetensors"):
         _train(out, "--max_steps", "8", "--resume_from_checkpoint", str(out / "checkpoint-6"))
-    capsys.readouterr()
-    resumed = _train(out, "--max_steps", "8", "--save_steps", "2", "--resume_from_checkpoint", "last")
-    printed = capsys.readouterr()
+    resumed, steps, printed = _resume_last(out, capsys, max_steps=8)
     assert f"resuming from {out / 'checkpoint-4'}" in printed.out  # re-saved whole by the resumed run
-    assert "skipped incomplete checkpoints: checkpoint-6 (truncated model.safetensors)" in printed.err
-    assert resumed["trainer"].state.global_step == 8
+    assert "skipped checkpoint-6 (truncated model.safetensors)" in printed.err
+    assert resumed["trainer"].state.global_step == 8 and steps == [5, 6, 7, 8]
     optimizer = out / "checkpoint-2" / "optimizer.pt"
     optimizer.write_bytes(optimizer.read_bytes()[:1000])
     assert checkpoint_problem(out / "checkpoint-2") == "truncated optimizer.pt"
@@ -177,8 +202,9 @@ def test_run_killed_after_its_last_step_is_finished_by_resume(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         _train(out, "--max_steps", "4", "--save_steps", "2", callbacks=[KillAtTrainEnd()])
     assert not (out / "model.safetensors").exists() and not json.loads((out / RUN_MARKER).read_text())["finished"]
-    result = _train(out, "--max_steps", "4", "--save_steps", "2", "--resume_from_checkpoint", "last")
-    assert result["trainer"].state.global_step == 4  # no extra step
+    steps = CountSteps()
+    result = _train(out, "--max_steps", "4", "--save_steps", "2", "--resume_from_checkpoint", "last", callbacks=[steps])
+    assert result["trainer"].state.global_step == 4 and steps.steps == []  # no step trained again, no extra one
     final, last = load_file(out / "model.safetensors"), load_file(out / "checkpoint-4" / "model.safetensors")
     assert final.keys() == last.keys() and all(torch.equal(final[k], last[k]) for k in final)
     assert (out / "metrics.json").exists() and json.loads((out / RUN_MARKER).read_text())["finished"]
@@ -186,12 +212,31 @@ def test_run_killed_after_its_last_step_is_finished_by_resume(tmp_path):
         _train(out, "--max_steps", "4", "--save_steps", "2", "--resume_from_checkpoint", "last")
 
 
+@contextmanager
+def _file_size_limit(limit):
+    """Every write past `limit` bytes of a file fails part-way with EFBIG, as on a full disk."""
+    import resource
+    import signal
+
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG as an OSError, not the signal's kill
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
 def test_reports_are_written_atomically(tmp_path):
     write_report(str(tmp_path), {"heldout": {"perplexity": 2.0, "bits_per_byte": 1.0, "tokens": 3}})
-    good = (tmp_path / "metrics.json").read_text()
+    good = {name: (tmp_path / name).read_text() for name in ("metrics.json", "report.md")}
     with pytest.raises(TypeError):
         write_report(str(tmp_path), {"heldout": {"perplexity": 2.0, "bits_per_byte": 1.0, "tokens": object()}})
-    assert (tmp_path / "metrics.json").read_text() == good
+    assert {name: (tmp_path / name).read_text() for name in good} == good
+    with _file_size_limit(64), pytest.raises(OSError, match="File too large"):  # 64 bytes written, then it fails
+        write_report(str(tmp_path), {"heldout": {"perplexity": 3.0, "bits_per_byte": 1.5, "tokens": 7}}, title="x")
+    assert {name: (tmp_path / name).read_text() for name in good} == good  # the old files, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "report.md"]  # no temporary left
 
 
@@ -281,3 +326,125 @@ def test_finishing_from_an_adapter_checkpoint_of_other_modules_stops_with_a_conf
     )
     with pytest.raises(ConfigError, match="adapter weights the model does not have.*new --output_dir"):
         load_checkpoint_weights(model, str(checkpoint))
+
+
+def test_overwrite_replaces_only_a_run_folder_never_a_folder_of_runs(tmp_path, finished_run, capsys):
+    runs = tmp_path / "runs"  # `--output_dir runs` by mistake: no marker of its own, finished runs inside
+    shutil.copytree(finished_run, runs / "a")
+    shutil.copytree(finished_run, runs / "b")
+    (runs / "notes.txt").write_text("mine")
+    before = _files(runs)
+    assert main([MICRO, *QUICK, "--output_dir", str(runs), "--max_steps", "1", "--overwrite_output_dir", "true"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("zpx-train:")]
+    assert len(err) == 1 and f"{runs} has no run marker (zpx_run.json) of its own but holds a, b, notes.txt" in err[0]
+    assert _files(runs) == before and not (runs / ASIDE).exists()
+
+    # a run folder with another run inside it: replacing it would delete that run too
+    outer = tmp_path / "outer"
+    shutil.copytree(finished_run, outer)
+    shutil.copytree(finished_run, outer / "nested" / "other")
+    marker = json.loads((outer / "nested" / "other" / RUN_MARKER).read_text())
+    (outer / "nested" / "other" / RUN_MARKER).write_text(json.dumps({**marker, "fingerprint": "another"}))
+    before = _files(outer)
+    with pytest.raises(ConfigError, match=r"holds other runs \(nested/other\); --overwrite_output_dir would delete"):
+        _train(outer, "--max_steps", "1", "--overwrite_output_dir", "true")
+    assert _files(outer) == before
+
+
+def test_nothing_is_written_through_a_symbolic_link(tmp_path, finished_run, capsys):
+    victim = tmp_path / "elsewhere.txt"  # a file outside the run folder
+    victim.write_text("precious")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK_FILE).symlink_to(victim)  # planted, or copied with a folder
+    assert main([MICRO, *QUICK, "--output_dir", str(out), "--max_steps", "1"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("zpx-train:")]
+    assert len(err) == 1 and f"{out / LOCK_FILE} is a symbolic link (to {victim})" in err[0], err
+    assert victim.read_text() == "precious"
+
+    # a link among a run's files (a report, a checkpoint's file): the run is refused before it writes anything
+    run = tmp_path / "linked"
+    shutil.copytree(finished_run, run)
+    (run / "metrics.json").unlink()
+    (run / "metrics.json").symlink_to(victim)
+    before = _files(run)
+    for flags in (["--overwrite_output_dir", "true"], ["--max_steps", "6", "--resume_from_checkpoint", "last"]):
+        with pytest.raises(ConfigError, match=r"metrics.json is a symbolic link .* remove the link"):
+            _train(run, *flags)
+    assert victim.read_text() == "precious" and _files(run) == before
+    with pytest.raises(ConfigError, match="is a symbolic link"):  # every report, card and marker write
+        atomic_write(run / "metrics.json", "{}")
+    assert victim.read_text() == "precious"
+
+
+def _flip_tensor_bytes(path):
+    """Flip bytes inside the tensor data of a safetensors file, header and length intact."""
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) - 64, len(data) - 32):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_resume_verifies_complete_optimizer_state_and_checksums(tmp_path, capsys):
+    out = tmp_path / "run"
+    _train(out, "--max_steps", "8", "--save_steps", "2", callbacks=[StopAt(6)])
+    manifest = json.loads((out / "checkpoint-6" / MANIFEST).read_text())["files"]
+    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json", RUN_MARKER} <= set(manifest)
+    (out / "checkpoint-6" / "optimizer.pt").unlink()  # the scheduler state stays
+    _flip_tensor_bytes(out / "checkpoint-4" / "model.safetensors")
+    assert checkpoint_problem(out / "checkpoint-6") == "no optimizer.pt (the optimizer state is incomplete)"
+    assert checkpoint_problem(out / "checkpoint-4") == (
+        f"model.safetensors changed since it was saved (sha256 differs from {MANIFEST})"
+    )
+    with pytest.raises(ConfigError, match=r"checkpoint-4' is not a complete checkpoint \(model.safetensors changed"):
+        _train(out, "--max_steps", "8", "--resume_from_checkpoint", str(out / "checkpoint-4"))
+    resumed, steps, printed = _resume_last(out, capsys, max_steps=8)
+    assert f"resuming from {out / 'checkpoint-2'}" in printed.out
+    assert (
+        "warning: resuming from checkpoint-2, not the newest checkpoint: skipped checkpoint-6 (no optimizer.pt (the "
+        "optimizer state is incomplete)); checkpoint-4 (model.safetensors changed since it was saved" in printed.err
+    )
+    assert resumed["trainer"].state.global_step == 8 and steps == [3, 4, 5, 6, 7, 8]
+
+    # a trainer state of `{}` (and a checkpoint without its manifest) is named, not a TypeError
+    (out / "checkpoint-8" / "trainer_state.json").write_text("{}")
+    assert checkpoint_problem(out / "checkpoint-8") == "trainer_state.json has no global_step"
+    (out / "checkpoint-6" / MANIFEST).unlink()  # re-saved whole by the resumed run, now without its manifest
+    assert checkpoint_problem(out / "checkpoint-6").startswith(f"no {MANIFEST}, the checksums a save writes last")
+    assert main([MICRO, *QUICK, "--output_dir", str(out), "--max_steps", "10", "--resume_from_checkpoint",
+                 str(out / "checkpoint-8")]) == 2  # fmt: skip
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("zpx-train:")]
+    assert len(err) == 1 and "is not a complete checkpoint (trainer_state.json has no global_step)" in err[0], err
+
+
+def test_resume_last_refuses_a_checkpoint_of_another_run_copied_into_the_folder(tmp_path, finished_run, capsys):
+    pct = tmp_path / "pct"
+    pct_flags = [*QUICK, "--output_dir", str(pct), "--max_steps", "2", "--save_steps", "2", "--max_train_blocks", "8"]
+    run_training(load_run_config(str(ROOT / "configs" / "pct-tiny.yaml"), pct_flags))
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    shutil.copytree(pct / "checkpoint-2", out / "checkpoint-32")
+    flags = [MICRO, *QUICK, "--output_dir", str(out), "--max_steps", "40", "--resume_from_checkpoint", "last"]
+    assert main(flags) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("zpx-train:")]
+    assert len(err) == 1 and "checkpoint-32 belongs to another zpx-train run (pct, config pct-tiny.yaml" in err[0]
+    assert err[0].endswith(f"move it out of {out}."), err
+    assert not (out / "checkpoint-34").exists()
+
+
+def test_an_overwrite_killed_midway_is_named_by_the_next_run(tmp_path, finished_run, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    old = identity_of(read_marker(out))
+    config = load_run_config(MICRO, [*QUICK, "--output_dir", str(out), "--max_steps", "2", "--mqar_num_pairs", "3"])
+    killed = RunFolder(out, identity_of({"fingerprint": config.fingerprint(), "config": "test-micro.yaml"}),
+                       overwrite=True, resume_asked=False)  # fmt: skip
+    killed.__enter__()  # the overwrite moved the old run aside and marked the folder ...
+    killed.lock.release()  # ... then the process was killed: no restore, no finish
+    (out / "checkpoint-1").mkdir()  # what the killed run had written
+    assert (out / ASIDE / "model.safetensors").is_file() and not (out / "model.safetensors").exists()
+    capsys.readouterr()
+    assert main([MICRO, *QUICK, "--output_dir", str(out), "--max_steps", "2"]) == 2  # a run without flags
+    err = capsys.readouterr().err
+    assert f"warning: {out / ASIDE} holds the {old.describe()} that an interrupted overwrite replaced" in err
+    assert f"the next run to finish in {out} deletes it. To restore it, delete every other entry of {out}" in err

@@ -10,7 +10,7 @@ import yaml
 from transformers import TrainingArguments
 
 from zpx_hf_train.config import ConfigError, ModelArguments
-from zpx_hf_train.data import DataArguments
+from zpx_hf_train.data import DataArguments, load_text_documents
 from zpx_hf_train.train import load_run_config
 from zpx_hf_train.train import main as train_main
 
@@ -232,3 +232,71 @@ def test_a_csv_with_a_utf8_byte_order_mark_is_read(tmp_path, monkeypatch):
 def test_zero_caps_are_refused(tmp_path, key):
     with pytest.raises(ConfigError, match=rf"`data\.{key}` = 0 must be >= 1"):
         load_run_config(_write(tmp_path, _micro(**{f"data.{key}": 0})))
+
+
+def test_a_csv_cell_over_pythons_field_limit_is_read(tmp_path, monkeypatch):
+    from zpx_hf_train.data_tasks import load_documents
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    long_cell = "word " * 40_000  # 200,000 characters: over the csv module's default 131,072
+    corpus = tmp_path / "long.csv"
+    corpus.write_text(f'text,label\n"{long_cell}",1\nshort row,2\n', encoding="utf-8")
+    run = load_run_config(_write(tmp_path, _micro(**{"data.text_source": str(corpus)})))
+    assert load_documents(run[DataArguments].text_source, "text") == [long_cell, "short row"]
+
+
+def test_the_data_check_reads_only_the_start_of_a_large_file(tmp_path):
+    """A corpus of gigabytes with `max_train_blocks: 64`: the check must not read (and decode) it whole. Here a
+    64 MiB sparse file stands in: the check's peak Python allocation stays far below the file's size."""
+    import tracemalloc
+
+    from zpx_hf_train.data import check_local_source
+
+    corpus = tmp_path / "large.txt"
+    with open(corpus, "wb") as f:
+        f.write(b"the first paragraph of a large corpus\n\n")
+        f.truncate(64 << 20)  # sparse: 64 MiB of NUL bytes (valid UTF-8 text) without writing them
+    tracemalloc.start()
+    try:
+        check_local_source("config.yaml", str(corpus), "text")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"the check allocated {peak / 2**20:.0f} MiB for a 64 MiB file"
+    late = tmp_path / "late.txt"  # a bad byte past what the check reads: the loader names it in one line
+    late.write_bytes(b"text\n\n" * 300_000 + b"caf\xe9\n")
+    check_local_source("config.yaml", str(late), "text")
+    with pytest.raises(ConfigError, match=r"key `data.text_source` = .*late.txt.*cannot read it"):
+        load_text_documents(DataArguments(text_source=str(late)))
+
+
+def test_a_large_corpus_with_block_caps_is_read_only_as_far_as_the_blocks_need(tmp_path, monkeypatch):
+    """`max_train_blocks: 64` on a corpus of gigabytes: the job must not hold every document in memory (a 3 GB
+    `.txt` ran out of a 4 GiB cap). A 48 MiB corpus stands in: building the datasets after `datasets` has
+    cached the file allocates a small fraction of it in Python, and the blocks are the same as from a list."""
+    import tracemalloc
+
+    import datasets
+
+    from zpx_hf_train.data import build_datasets
+    from zpx_hf_train.data_tasks import open_documents, pack_documents, split_documents
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))  # not the user's cache
+    corpus = tmp_path / "large.txt"
+    paragraph = "a paragraph of the corpus, " * 36
+    with open(corpus, "w", encoding="utf-8") as f:
+        for i in range(48 << 10):  # 48 Ki paragraphs of ~1 KiB
+            f.write(f"{i} {paragraph}\n\n")
+    data = DataArguments(text_source=str(corpus), seq_len=64, max_train_blocks=64, max_eval_blocks=4, tasks=[])
+    view = open_documents(str(corpus))  # datasets builds its cache of the file (not measured)
+    assert len(view) == 48 << 10 and view[5] == f"5 {paragraph}"
+    tracemalloc.start()
+    try:
+        built = build_datasets(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"building the datasets allocated {peak / 2**20:.0f} MiB for a 48 MiB corpus"
+    train_docs, heldout_docs = split_documents(list(view), data.heldout_fraction, data.split_seed)  # the list path
+    assert built["train"]["input_ids"] == pack_documents(train_docs, 64, 64)
+    assert len(built["heldout"]) == 4 and built["heldout"]["input_ids"] == pack_documents(heldout_docs, 64, 4)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers_training import StopAt
+from helpers_training import CountSteps, StopAt
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from zpx_hf_train.config import ConfigError
@@ -131,13 +131,16 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, capsys):
     partial.mkdir()
     shutil.copy(Path(interrupted_dir) / "checkpoint-3" / "model.safetensors", partial / "model.safetensors")
     capsys.readouterr()
+    steps = CountSteps()
     resumed = run_training(
-        load_run_config(MICRO, [*common, "--output_dir", interrupted_dir, "--resume_from_checkpoint", "last"])
+        load_run_config(MICRO, [*common, "--output_dir", interrupted_dir, "--resume_from_checkpoint", "last"]),
+        callbacks=[steps],
     )
     printed = capsys.readouterr()
     assert f"resuming from {Path(interrupted_dir) / 'checkpoint-3'}" in printed.out
-    assert "warning: skipped incomplete checkpoints: checkpoint-5 (no trainer_state.json)" in printed.err
-    assert resumed["trainer"].state.global_step == 6
+    assert "not the newest checkpoint: skipped checkpoint-5 (no trainer_state.json)" in printed.err
+    # only the remaining steps were trained: a run that ignored the checkpoint would reach the same weights
+    assert resumed["trainer"].state.global_step == 6 and steps.steps == [4, 5, 6]
     reference = full["trainer"].model.state_dict()
     for name, value in resumed["trainer"].model.state_dict().items():
         torch.testing.assert_close(value, reference[name], atol=1e-7, rtol=0, msg=name)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from zpx_hf import ops_gpa_cpu
+from zpx_hf import ops_gpa_chunk
 from zpx_hf.clifford_algebra import conformal_algebra
 from zpx_hf.ops_gpa import (
     GPA_KERNELS,
@@ -28,8 +28,8 @@ def gpa_naive(*args, **kwargs):
     return geometric_product_attention(*args, kernel="naive", **kwargs)
 
 
-def gpa_cpu(*args, **kwargs):
-    return geometric_product_attention(*args, kernel="cpu", **kwargs)
+def gpa_chunk(*args, **kwargs):
+    return geometric_product_attention(*args, kernel="chunk", **kwargs)
 
 
 def gpa_triton(*args, **kwargs):
@@ -101,8 +101,8 @@ def assert_grads_close(got_out, want_out, leaves, *, rtol, atol, seed=1):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(ops_gpa_cpu, "PANEL", 8)
-    monkeypatch.setattr(ops_gpa_cpu, "BLOCK", 16)
+    monkeypatch.setattr(ops_gpa_chunk, "PANEL", 8)
+    monkeypatch.setattr(ops_gpa_chunk, "BLOCK", 16)
 
 
 # ---------------------------------------------------------------- naive vs the Cayley-table product
@@ -167,7 +167,7 @@ def test_chunked_equals_naive_float64(case, causal, padded, small_chunks):
     # left padding longer than a key block (skipped block, empty query rows), right padding
     padding = make_padding(batch, k_len, left=(20,), right=(0, 3)) if padded else None
     want = gpa_naive(q, k, v, gamma, causal=causal, key_padding_mask=padding)
-    got = gpa_cpu(q, k, v, gamma, causal=causal, key_padding_mask=padding)
+    got = gpa_chunk(q, k, v, gamma, causal=causal, key_padding_mask=padding)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     assert_grads_close(got, want, (q, k, v, gamma), rtol=1e-8, atol=1e-10)
 
@@ -177,7 +177,7 @@ def test_chunked_saves_only_linear_memory():
     q, k, v, gamma = make_inputs(1, 2, 256, 256, 1, dtype=torch.float32)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
-        gpa_cpu(q, k, v, gamma, causal=True)
+        gpa_chunk(q, k, v, gamma, causal=True)
     assert sum(saved) <= 5 * q.numel()
     saved.clear()
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
@@ -195,7 +195,7 @@ def test_scalar_only_is_one_function_on_every_path(small_chunks):
     expected = gpa_direct(*(t.detach().double() for t in (q, k, v, gamma)), True, padding, bivector=False)
     paths = {
         name: lambda g, n=name: geometric_product_attention(q, k, v, g, kernel=n, **kwargs)
-        for name in ("auto", "naive", "cpu") + (("triton",) if HAS_TRITON else ())
+        for name in ("auto", "naive", "chunk") + (("triton",) if HAS_TRITON else ())
     }
     paths["weights"] = lambda g: (
         gpa_attention_weights(q, k, g, causal=True, key_padding_mask=padding, bivector=False) @ v
@@ -207,16 +207,16 @@ def test_scalar_only_is_one_function_on_every_path(small_chunks):
         assert torch.equal(path(gamma.detach() + 5.0), out)  # gamma is not part of the function
 
 
-def test_auto_kernel_on_cpu_is_the_cpu_kernel():
+def test_auto_kernel_on_cpu_is_the_chunk_kernel():
     q, k, v, gamma = (t.detach() for t in make_inputs(1, 2, 9, 9, 1, dtype=torch.float32))
     auto = geometric_product_attention(q, k, v, gamma, causal=True)
-    assert torch.equal(auto, gpa_cpu(q, k, v, gamma, causal=True))
+    assert torch.equal(auto, gpa_chunk(q, k, v, gamma, causal=True))
 
 
 # ---------------------------------------------------------------- bf16 / autocast
 
 
-@pytest.mark.parametrize("kernel", ["naive", "cpu"])
+@pytest.mark.parametrize("kernel", ["naive", "chunk"])
 def test_bf16_inputs_within_bound_of_fp32(kernel):
     """bf16 in, bf16 out; computed in fp32. Against fp32 on the same rounded inputs the only error is the
     output rounding (<= 2^-8 relative); against the unrounded fp32 inputs, input rounding adds <= 1e-2."""
@@ -238,7 +238,7 @@ def test_bf16_inputs_within_bound_of_fp32(kernel):
     assert float((out.float() - exact).abs().max().detach()) <= 1e-2 * scale
 
 
-@pytest.mark.parametrize("kernel", ["naive", "cpu", "auto"])
+@pytest.mark.parametrize("kernel", ["naive", "chunk", "auto"])
 def test_autocast_does_not_change_the_computation(kernel):
     """Under bf16 autocast the op still computes in fp32: the same bits as without autocast."""
     q, k, v, gamma = (t.detach() for t in make_inputs(1, 2, 10, 10, 1, dtype=torch.float32))
@@ -255,9 +255,9 @@ def test_autocast_does_not_change_the_computation(kernel):
 
 def test_bad_kernel_and_shapes_raise_value_errors():
     q, k, v, gamma = (t.detach() for t in make_inputs(2, 2, 4, 6, 1, dtype=torch.float32))
-    with pytest.raises(ValueError, match=r"`kernel`='flash' is not a GPA kernel.*'naive', 'cpu', 'triton'"):
+    with pytest.raises(ValueError, match=r"`kernel`='flash' is not a GPA kernel.*'naive', 'chunk', 'triton'"):
         geometric_product_attention(q, k, v, gamma, causal=True, kernel="flash")
-    assert GPA_KERNELS == ("naive", "cpu", "triton")
+    assert GPA_KERNELS == ("naive", "chunk", "triton")
     bad = {
         "head dim": dict(query=q[..., :20], key=k[..., :20], value=v[..., :20]),
         "Lq <= Lk": dict(query=k, key=q, value=q),
@@ -273,17 +273,17 @@ def test_bad_kernel_and_shapes_raise_value_errors():
     }
     for message, change in bad.items():
         args = dict(query=q, key=k, value=v, gamma=gamma, causal=True) | change
-        for kernel in ("naive", "cpu"):
+        for kernel in ("naive", "chunk"):
             with pytest.raises(ValueError, match=message):
                 geometric_product_attention(**args, kernel=kernel)
 
 
 def test_triton_where_it_cannot_run_is_refused_by_name(monkeypatch):
-    # a CPU tensor without the interpreter, or float64, gets the op's message naming kernel='cpu' (not Triton's
+    # a CPU tensor without the interpreter, or float64, gets the op's message naming kernel='chunk' (not Triton's
     # own "0 active drivers" from inside the launch); "auto" never picks it there
     q, k, v, gamma = (t.detach() for t in make_inputs(1, 2, 4, 4, 1, dtype=torch.float32))
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(RuntimeError, match="GPA.*kernel='cpu'"):
+    with pytest.raises(RuntimeError, match="GPA.*kernel='chunk'"):
         geometric_product_attention(q, k, v, gamma, causal=True, kernel="triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     if HAS_TRITON:

@@ -76,7 +76,7 @@ def zpx_attention_forward(
         key,
         value,
         query_features,
-        attention_mask,
+        key_padding_mask=attention_mask,
         causal=module.is_causal,
         scaling=scaling,
         lambda_angle=module.lambda_angle,

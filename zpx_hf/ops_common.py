@@ -5,8 +5,12 @@ reach the ops as `document_ids`: an int64 [B, L] tensor, non-decreasing along ea
 of one document. Two tokens interact only when their ids are equal. `None` means each row is one
 document (the unpacked case, which every op keeps on its unchanged fast path).
 
-Masks are built per block of query rows (`query_panels`, `visible_block`): no op materialises an L x L
-mask on its fast path, and a panel only reads the keys its rows can see (causality and documents).
+Masks are built per block of query rows (`query_panels`, `visible_block`) in the memory-lean kernels
+(ZPX's and PCT's `panel`, GPA's `chunk`); a panel only reads the keys its rows can see (causality and
+documents), and the Triton kernels mask inside their tiles. The whole [B, 1, Lq, Lk] mask (`visible_keys`)
+is built by the `naive` kernels and by one fast path: GPA with `bivector=False` under `kernel="auto"`
+(SDPA on the scalar part) builds it when padding or documents are given, or when a causal call has
+1 < Lq < Lk queries.
 """
 
 from __future__ import annotations
@@ -30,23 +34,27 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
     tl = None
     HAS_TRITON = False
 
-# One vocabulary for every op's kernels (each op's *_KERNELS is a subset): the readable reference, the CPU fast
-# path (PyTorch, memory-lean), the fused Triton kernels, the one-token step of cached decoding, and the
+# One vocabulary for every op's kernels (each op's *_KERNELS is a subset), named by algorithm, not device
+# (docs/design.md §6.1): the readable reference; the memory-lean PyTorch paths, one per op (`panel`: query panels
+# against the keys they see, ZPX and PCT; `chunk`: query panels x key blocks with an online softmax, GPA; `scan`:
+# a log-depth prefix scan, RRA); the fused Triton kernels; the one-token step of cached decoding; and the
 # length-independent graph of torch.export / ONNX (RRA's).
-KERNEL_NAMES = ("naive", "cpu", "triton", "decode", "export")
-# Names earlier versions used for the same kernels (still accepted, with a warning).
+KERNEL_NAMES = ("naive", "panel", "chunk", "scan", "triton", "decode", "export")
+FAST_KERNEL_NAMES = ("panel", "chunk", "scan")  # an op has one of them: what `cpu` and its older names select
+# Names earlier versions used (still accepted, with a FutureWarning naming today's): each maps to the candidates,
+# of which the op's own kernel is chosen. `cpu` (before the kernels were named by algorithm) and its earlier
+# names select each op's memory-lean PyTorch path; so does `scan` for the ops whose path is not a scan.
 LEGACY_KERNEL_NAMES = {
-    "tiled": "cpu",
-    "chunked": "cpu",
-    "scan": "cpu",
-    "sdpa": "cpu",
-    "sequential": "naive",
-    "reference": "naive",
-    "step": "decode",
-    "recurrent": "decode",
+    "cpu": FAST_KERNEL_NAMES,
+    "tiled": FAST_KERNEL_NAMES,
+    "chunked": FAST_KERNEL_NAMES,
+    "scan": FAST_KERNEL_NAMES,
+    "sdpa": FAST_KERNEL_NAMES,
+    "sequential": ("naive",),
+    "reference": ("naive",),
+    "step": ("decode",),
+    "recurrent": ("decode",),
 }
-
-PHASE_FEATURES = 5  # ZPX's per-channel key features: cos phi, sin phi, X, Y, Z
 
 
 def triton_interpreting() -> bool:
@@ -93,26 +101,31 @@ def constant_tables(build: Callable[..., Any]) -> Callable[..., Any]:
 
 def kernel_name(kernel: str, kernels: tuple[str, ...], op: str) -> str:
     """`kernel` in the shared vocabulary: "auto", one of `kernels`, or an earlier name mapped to it (warned)."""
-    if kernel in LEGACY_KERNEL_NAMES and LEGACY_KERNEL_NAMES[kernel] in kernels:
-        new = LEGACY_KERNEL_NAMES[kernel]
+    if kernel == "auto" or kernel in kernels:
+        return kernel
+    new = next((name for name in LEGACY_KERNEL_NAMES.get(kernel, ()) if name in kernels), None)
+    if new is not None:
         warnings.warn(f"{op} kernel {kernel!r} is now called {new!r}; {kernel!r} still works.", FutureWarning, 3)
         return new
-    if kernel != "auto" and kernel not in kernels:
-        raise ValueError(f"`kernel`={kernel!r} is not a {op} kernel: expected 'auto' or one of {list(kernels)}.")
-    return kernel
+    raise ValueError(f"`kernel`={kernel!r} is not a {op} kernel: expected 'auto' or one of {list(kernels)}.")
 
 
-def check_triton_kernel(op: str, tensor: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
-    """Raise, naming the fix, when `tensor` cannot run on `op`'s Triton kernel."""
+def check_triton_kernel(op: str, tensor: torch.Tensor, dtypes: tuple[torch.dtype, ...], fallback: str) -> None:
+    """Raise, naming the fix (`fallback`, the op's PyTorch kernel), when `tensor` cannot run on `op`'s Triton
+    kernel."""
     if not HAS_TRITON:
-        raise RuntimeError(f"the {op} kernel 'triton' needs the `triton` package; install it or use kernel='cpu'.")
+        raise RuntimeError(
+            f"the {op} kernel 'triton' needs the `triton` package; install it or use kernel={fallback!r}."
+        )
     if not tensor.is_cuda and not triton_interpreting():
         raise RuntimeError(
             f"the {op} Triton kernel runs on CUDA tensors (or on CPU with TRITON_INTERPRET=1 set before import); "
-            "use kernel='cpu' here."
+            f"use kernel={fallback!r} here."
         )
     if tensor.dtype not in dtypes:
-        raise ValueError(f"the {op} Triton kernel takes {[str(d) for d in dtypes]}; got {tensor.dtype}: use 'cpu'.")
+        raise ValueError(
+            f"the {op} Triton kernel takes {[str(d) for d in dtypes]}; got {tensor.dtype}: use {fallback!r}."
+        )
 
 
 def check_key_masks(
@@ -233,11 +246,6 @@ if HAS_TRITON:
         return lo, hi
 
 
-def same_document(document_ids: torch.Tensor) -> torch.Tensor:
-    """[B, 1, L, L] bool: query i may see key j only inside its own document (combine with causality)."""
-    return (document_ids[:, :, None] == document_ids[:, None, :])[:, None]
-
-
 def query_panels(
     l_q: int, l_k: int, causal: bool, rows: int, document_ids: torch.Tensor | None = None
 ) -> list[tuple[int, int, int, int]]:
@@ -303,8 +311,8 @@ def visible_keys(
 __all__ = [
     "HAS_TRITON",
     "KERNEL_NAMES",
+    "FAST_KERNEL_NAMES",
     "LEGACY_KERNEL_NAMES",
-    "PHASE_FEATURES",
     "autocast_off",
     "check_key_masks",
     "check_triton_kernel",
@@ -318,7 +326,6 @@ __all__ = [
     "document_tables",
     "kernel_name",
     "query_panels",
-    "same_document",
     "tl",
     "triton",
     "triton_interpreting",

@@ -5,16 +5,17 @@
 
 Query i sees key j when j <= Lk - Lq + i (causal; query i sits at that absolute position when decoding
 over a cache), j is not padding, and both lie in one document (`document_ids`, packed rows). A query row
-with no visible key outputs zeros. Kernels (`GPA_KERNELS`, one signature, compared in the tests):
+with no visible key outputs zeros. Kernels (`GPA_KERNELS`, one signature `ops_gpa_base.GPAKernel`, compared in
+the tests):
 
 * `"naive"`  `ops_gpa_naive.gpa_naive`: the formula materialised, O(L^2) memory (the reference).
-* `"cpu"`    `ops_gpa_cpu.gpa_cpu`: query panels, key blocks, online softmax and a recomputing
-  backward in PyTorch, O(L) memory (earlier name: "chunked").
+* `"chunk"`  `ops_gpa_chunk.gpa_chunk`: query panels, key blocks, online softmax and a recomputing
+  backward in PyTorch, O(L) memory (earlier names: "cpu", "chunked").
 * `"triton"` `ops_gpa_triton.gpa_triton`: fused flash-style kernels, O(L) memory (CUDA).
 
 `geometric_product_attention` checks the inputs once, resolves the default scaling and `kernel="auto"`
-(Triton for fp32/fp16/bf16 CUDA tensors when Triton imports, else "cpu"; with `bivector=False` SDPA on Q . (sign_0 * K),
-the same numbers), turns autocast off and returns the query's dtype; kernels only compute. bf16/fp16
+(Triton for fp32/fp16/bf16 CUDA tensors when Triton imports, else "chunk"; with `bivector=False` SDPA on
+Q . (sign_0 * K), the same numbers), turns autocast off and returns the query's dtype; kernels only compute. bf16/fp16
 inputs: the norm and the softmax statistics are computed in fp32.
 """
 
@@ -23,36 +24,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, conformal_algebra
+from .clifford_algebra import NUM_BLADES
 from .ops_common import HAS_TRITON, check_triton_kernel, compute_dtype, kernel_name, visible_keys
+from .ops_gpa_base import NUM_FORMS, GPAKernel, form_tables
+from .ops_gpa_chunk import gpa_chunk
+from .ops_gpa_naive import gpa_naive, gpa_naive_weights, score_parts
+from .ops_gpa_triton import KERNEL_DTYPES, gpa_triton
 
-NUM_FORMS = 1 + len(BIVECTOR_MASKS)  # scalar + 10 bivector coefficients
-
-
-def _build_form_tables() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    index, sign = conformal_algebra().bilinear_forms(torch.tensor((0,) + BIVECTOR_MASKS, device="cpu"))
-    query_sign = torch.gather(sign, 1, index)
-    return index, sign.float(), query_sign.float()
-
-
-# Built at import: under torch.compile `form_tables` then reads constants (see clifford_algebra).
-_FORM_TABLES = _build_form_tables()
-
-
-def form_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[11, 32] tables: index[m, A] = A xor C_m, key-side sign[m, A] and query-side sign[m, A xor C_m].
-
-    <P>_{C_m} = sum_A Q_A sign[m, A] K_{index[m, A]} = sum_B query_sign[m, B] Q_{index[m, B]} K_B."""
-    index, sign, query_sign = _FORM_TABLES
-    return index.to(device), sign.to(device), query_sign.to(device)
-
-
-# The kernels import the tables above from here, so they are defined first.
-from .ops_gpa_cpu import gpa_cpu  # noqa: E402
-from .ops_gpa_naive import gpa_naive, gpa_naive_weights, score_parts  # noqa: E402
-from .ops_gpa_triton import KERNEL_DTYPES, gpa_triton  # noqa: E402
-
-GPA_KERNELS = ("naive", "cpu", "triton")
+GPA_KERNELS = ("naive", "chunk", "triton")
 
 
 def check_gpa_inputs(
@@ -108,23 +87,23 @@ def check_gpa_inputs(
 
 
 def resolve_gpa_kernel(kernel: str, query: torch.Tensor, bivector: bool) -> str:
-    """The kernel that runs: a name of `GPA_KERNELS` (old names mapped), or "scalar_sdpa" for
+    """The kernel that runs: a name of `GPA_KERNELS` (old names mapped), or "scalar_sdpa" (`_scalar_sdpa`) for
     `kernel="auto"` with `bivector=False`."""
     kernel = kernel_name(kernel, GPA_KERNELS, "GPA")  # earlier names ("chunked", "reference") mapped, warned
     if kernel == "auto":
         if not bivector:
             return "scalar_sdpa"
-        if torch.compiler.is_exporting():  # cpu chunks loop over the length; naive traces once
+        if torch.compiler.is_exporting():  # the chunks loop over the length; naive traces once
             return "naive"
         if torch.compiler.is_compiling() and query.shape[-2] == 1:
-            # a compiled decode step: the cpu chunks' Python loop over the keys would specialise the graph to the
+            # a compiled decode step: the chunks' Python loop over the keys would specialise the graph to the
             # cache length (one recompile per token); one query's naive form is O(Lk) memory too, and is the path
             # the CPU tests compile (the Triton launch under a dynamic key length is untested)
             return "naive"
-        # float64 stays on the exact "cpu" path (the fused kernels keep float32 statistics)
-        return "triton" if HAS_TRITON and query.is_cuda and query.dtype in KERNEL_DTYPES else "cpu"
+        # float64 stays on the exact "chunk" path (the fused kernels keep float32 statistics)
+        return "triton" if HAS_TRITON and query.is_cuda and query.dtype in KERNEL_DTYPES else "chunk"
     if kernel == "triton":  # the package, a CUDA tensor (or the interpreter) and a kernel dtype, else a clear error
-        check_triton_kernel("GPA", query, KERNEL_DTYPES)
+        check_triton_kernel("GPA", query, KERNEL_DTYPES, "chunk")
     return kernel
 
 
@@ -132,14 +111,11 @@ def _scalar_sdpa(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    gamma: torch.Tensor,
     *,
     causal: bool,
     key_padding_mask: torch.Tensor | None,
     document_ids: torch.Tensor | None,
     scaling: float,
-    eps: float,
-    bivector: bool,
 ) -> torch.Tensor:
     """bivector=False: S = <Q ~K>_0 * scaling = (Q . (sign_0 * K)) * scaling through SDPA."""
     q_len, k_len = query.shape[2], key.shape[2]
@@ -154,7 +130,7 @@ def _scalar_sdpa(
     return out * has_key
 
 
-_KERNEL_FUNCTIONS = {"naive": gpa_naive, "cpu": gpa_cpu, "triton": gpa_triton, "scalar_sdpa": _scalar_sdpa}
+_KERNEL_FUNCTIONS: dict[str, GPAKernel] = {"naive": gpa_naive, "chunk": gpa_chunk, "triton": gpa_triton}
 
 
 def geometric_product_attention(
@@ -181,19 +157,14 @@ def geometric_product_attention(
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     if document_ids is not None:
         document_ids = document_ids.to(query.device)
+    masks = {"causal": bool(causal), "key_padding_mask": key_padding_mask, "document_ids": document_ids}
     with torch.autocast(query.device.type, enabled=False):
-        out = _KERNEL_FUNCTIONS[name](
-            query,
-            key,
-            value,
-            gamma,
-            causal=bool(causal),
-            key_padding_mask=key_padding_mask,
-            document_ids=document_ids,
-            scaling=scaling,
-            eps=float(eps),
-            bivector=bool(bivector),
-        )
+        if name == "scalar_sdpa":  # the scalar score alone: no gamma, no norm (so no eps)
+            out = _scalar_sdpa(query, key, value, **masks, scaling=scaling)
+        else:
+            out = _KERNEL_FUNCTIONS[name](
+                query, key, value, gamma, **masks, scaling=scaling, eps=float(eps), bivector=bool(bivector)
+            )
     return out.to(query.dtype)
 
 
@@ -290,7 +261,7 @@ __all__ = [
     "form_tables",
     "geometric_product_attention",
     "gpa_attention_weights",
-    "gpa_cpu",
+    "gpa_chunk",
     "gpa_naive",
     "gpa_score_parts",
     "gpa_triton",

@@ -18,7 +18,7 @@ import torch
 
 from .clifford_algebra import NUM_BLADES
 from .ops_common import compute_dtype, visible_keys
-from .ops_gpa import form_tables
+from .ops_gpa_base import form_tables
 
 
 def score_parts(query: torch.Tensor, key: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,7 +72,8 @@ def gpa_naive(
     eps: float,
     bivector: bool,
 ) -> torch.Tensor:
-    """GPA materialised: [B, H, Lq, Lk, 11] products, softmax, weights @ V (float32, float64 for float64)."""
+    """`ops_gpa_base.GPAKernel` materialised: [B, H, Lq, Lk, 11] products, softmax, weights @ V (float32,
+    float64 for float64)."""
     weights = gpa_naive_weights(
         query,
         key,

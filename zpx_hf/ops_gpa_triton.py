@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .ops_common import HAS_TRITON, document_tables, tl, triton
-from .ops_gpa import form_tables
+from .ops_gpa_base import form_tables
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # inputs the fused kernels take (fp32 statistics)
 
@@ -365,7 +365,7 @@ def gpa_triton(
     eps: float,
     bivector: bool,
 ) -> torch.Tensor:
-    """GPA through the fused Triton kernels; output in the query's dtype (fp32, fp16 or bf16)."""
+    """`ops_gpa_base.GPAKernel` through the fused Triton kernels; output in the query's dtype (fp32, fp16 or bf16)."""
     key_valid = None
     if key_padding_mask is not None and not bool(key_padding_mask.all()):
         key_valid = key_padding_mask.to(device=query.device, dtype=torch.bool).to(torch.int8).contiguous()

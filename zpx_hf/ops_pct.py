@@ -3,16 +3,15 @@
     a_ij = sigmoid(tau_h q_i.k_j + b_h) on visible pairs (else 0),   out_i = sum_j a_ij v_j
 
 on the real head dim 2d ([re | im]), q and k already L2-normalised and rotated by the model. Four kernels
-(`PCT_KERNELS`) of this one function, each `fn(query, key, value, tau, bias, *, causal, key_padding_mask,
-document_ids)` with inputs checked here once:
+(`PCT_KERNELS`) of this one function, one signature (`ops_pct_base.PCTKernel`), inputs checked here once:
 
 * `naive`   `ops_pct_naive.py`: the formula with every gate materialised (the spec in code; O(L^2)).
-* `cpu`     `ops_pct_cpu.py`: query panels and a recomputing backward in PyTorch (O(L) memory).
+* `panel`   `ops_pct_panel.py`: query panels and a recomputing backward in PyTorch (O(L) memory).
 * `triton`  `ops_pct_triton.py`: fused flash-style Triton kernels (CUDA; CPU under TRITON_INTERPRET=1).
-* `decode`  `ops_pct_cpu.py`: one query row (cached decoding) without panels.
+* `decode`  `ops_pct_decode.py`: one query row (cached decoding) without panels.
 
 `kernel="auto"` picks `triton` for CUDA tensors when Triton imports, else `decode` for one query row and
-`cpu` otherwise. `tiled` (the earlier name of `cpu`) still works.
+`panel` otherwise. `cpu` and `tiled` (earlier names of `panel`) still work, with a FutureWarning.
 """
 
 from __future__ import annotations
@@ -20,15 +19,17 @@ from __future__ import annotations
 import torch
 
 from .ops_common import HAS_TRITON, check_key_masks, check_triton_kernel, constant_tables, kernel_name
-from .ops_pct_cpu import pct_attention_cpu, pct_attention_decode
+from .ops_pct_base import PCTKernel
+from .ops_pct_decode import pct_attention_decode
 from .ops_pct_naive import pct_attention_naive, pct_gates
+from .ops_pct_panel import pct_attention_panel
 from .ops_pct_triton import KERNEL_DTYPES, pct_attention_triton
 
-PCT_KERNELS = ("naive", "cpu", "triton", "decode")
+PCT_KERNELS = ("naive", "panel", "triton", "decode")
 
-_IMPLEMENTATIONS = {
+_IMPLEMENTATIONS: dict[str, PCTKernel] = {
     "naive": pct_attention_naive,
-    "cpu": pct_attention_cpu,
+    "panel": pct_attention_panel,
     "triton": pct_attention_triton,
     "decode": pct_attention_decode,
 }
@@ -36,18 +37,18 @@ _IMPLEMENTATIONS = {
 
 def resolve_kernel(kernel: str, query: torch.Tensor) -> str:
     """The kernel `kernel` runs for `query` [B, H, Lq, D]: "auto" -> "triton" on CUDA with Triton, else "decode"
-    for one row and "cpu" otherwise; an explicit "triton" must be able to run here."""
+    for one row and "panel" otherwise; an explicit "triton" must be able to run here."""
     kernel = kernel_name(kernel, PCT_KERNELS, "PCT attention")
-    if kernel == "auto" and torch.compiler.is_exporting():  # cpu panels loop over the length; naive traces once
+    if kernel == "auto" and torch.compiler.is_exporting():  # panels loop over the length; naive traces once
         return "naive"
     if kernel == "auto":
         if HAS_TRITON and query.is_cuda and query.dtype in KERNEL_DTYPES:
             return "triton"
-        return "decode" if query.shape[2] == 1 else "cpu"
+        return "decode" if query.shape[2] == 1 else "panel"
     if kernel == "triton":
-        check_triton_kernel("PCT attention", query, KERNEL_DTYPES)
+        check_triton_kernel("PCT attention", query, KERNEL_DTYPES, "panel")
     if kernel == "decode" and query.shape[2] != 1:
-        raise ValueError(f"the PCT kernel 'decode' takes one query row; got {query.shape[2]}: use 'cpu'.")
+        raise ValueError(f"the PCT kernel 'decode' takes one query row; got {query.shape[2]}: use 'panel'.")
     return kernel
 
 

@@ -49,7 +49,8 @@ def pct_attention_naive(
     key_padding_mask: torch.Tensor | None,
     document_ids: torch.Tensor | None,
 ) -> torch.Tensor:
-    """out_i = sum_j sigmoid(tau q_i.k_j + b) v_j over visible pairs, materialising every gate (module doc)."""
+    """`ops_pct_base.PCTKernel`: out_i = sum_j sigmoid(tau q_i.k_j + b) v_j over visible pairs, every gate
+    materialised (module doc)."""
     gate = pct_gates(query, key, tau, bias, causal, key_padding_mask, document_ids)
     with autocast_off(query):
         return (gate @ value.to(gate.dtype)).to(query.dtype)

@@ -8,14 +8,15 @@ Phase encoder output per head and channel c (pre-activations come from `to_log_r
 
 Score:  S_ij = q_i.k_j / sqrt(d) + la mean_c cos(phi_ic - phi_jc) + ls mean_c <s_ic, s_jc>
 
-`zpx_attention` is the only way into the attention kernels (`ZPX_KERNELS`, one signature):
+`zpx_attention` is the only way into the attention kernels (`ZPX_KERNELS`, one signature: `ops_zpx_base.ZPXKernel`):
 
 * `naive`   `ops_zpx_naive.py`: the score term by term, every [Lq, Lk, C] tensor materialised.
-* `cpu`     `ops_zpx_cpu.py`: the exact fast form, SDPA on head dim d + 5C (any device; on CUDA SDPA picks
-            its flash / memory-efficient kernels); masks per query panel, never L x L.
-* `decode`  `ops_zpx_cpu.py`: one query row (cached decoding) as two batched GEMVs.
+* `panel`   `ops_zpx_panel.py`: the exact fast form, SDPA on head dim d + 5C (any device; on CUDA SDPA picks
+            its flash / memory-efficient kernels); one call unmasked, else query panels with masks per panel,
+            never L x L (earlier names: `cpu`, `sdpa`).
+* `decode`  `ops_zpx_decode.py`: one query row (cached decoding) as two batched GEMVs.
 
-`kernel="auto"` picks `decode` for one query row without dropout, else `cpu`. Keys are cached as k^.
+`kernel="auto"` picks `decode` for one query row without dropout, else `panel`. Keys are cached as k^.
 """
 
 from __future__ import annotations
@@ -25,13 +26,19 @@ from typing import NamedTuple
 
 import torch
 
-from .ops_common import PHASE_FEATURES, check_key_masks, constant_tables, kernel_name, upcast
-from .ops_zpx_cpu import augment_query, zpx_attention_cpu, zpx_attention_decode
+from .ops_common import check_key_masks, constant_tables, kernel_name, upcast
+from .ops_zpx_base import PHASE_FEATURES, ZPXKernel, augment_query
+from .ops_zpx_decode import zpx_attention_decode
 from .ops_zpx_naive import zpx_attention_naive
+from .ops_zpx_panel import zpx_attention_panel
 
-ZPX_KERNELS = ("naive", "cpu", "decode")
+ZPX_KERNELS = ("naive", "panel", "decode")
 
-_IMPLEMENTATIONS = {"naive": zpx_attention_naive, "cpu": zpx_attention_cpu, "decode": zpx_attention_decode}
+_IMPLEMENTATIONS: dict[str, ZPXKernel] = {
+    "naive": zpx_attention_naive,
+    "panel": zpx_attention_panel,
+    "decode": zpx_attention_decode,
+}
 
 
 class PhaseState(NamedTuple):
@@ -142,10 +149,15 @@ def center_cancellation_loss(
 
 def resolve_kernel(kernel: str, query: torch.Tensor, dropout: float = 0.0) -> str:
     """The kernel `kernel` runs for `query` [B, H, Lq, d]: "auto" -> "decode" for one row without dropout,
-    else "cpu"; earlier names map to today's (`ops_common.kernel_name`)."""
+    else "panel"; earlier names map to today's (`ops_common.kernel_name`)."""
     kernel = kernel_name(kernel, ZPX_KERNELS, "ZPX attention")
     if kernel == "auto":
-        return "decode" if query.shape[2] == 1 and dropout == 0.0 else "cpu"
+        return "decode" if query.shape[2] == 1 and dropout == 0.0 else "panel"
+    if kernel == "decode" and (query.shape[2] != 1 or dropout != 0.0):
+        raise ValueError(
+            f"the ZPX kernel 'decode' takes one query row without dropout; got {query.shape[2]} rows, dropout "
+            f"{dropout}: use 'panel'."
+        )
     return kernel
 
 
@@ -154,7 +166,7 @@ def check_inputs(
     key_aug: torch.Tensor,
     value: torch.Tensor,
     query_features: torch.Tensor,
-    padding_mask: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
     document_ids: torch.Tensor | None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Shape checks (ValueError naming the argument; no host reads); returns the masks as bool / int64."""
@@ -180,7 +192,7 @@ def check_inputs(
         raise ValueError(f"`value` must be [B, H, Lk] = {tuple(key_aug.shape[:3])} + [dv]; got {tuple(value.shape)}.")
     if l_q > l_k:
         raise ValueError(f"`query` has more positions ({l_q}) than `key_aug` ({l_k}): queries are the last Lq <= Lk.")
-    return check_key_masks(padding_mask, document_ids, batch, l_k)
+    return check_key_masks(key_padding_mask, document_ids, batch, l_k)
 
 
 def zpx_attention(
@@ -188,38 +200,38 @@ def zpx_attention(
     key_aug: torch.Tensor,
     value: torch.Tensor,
     query_features: torch.Tensor,
-    padding_mask: torch.Tensor | None = None,
     *,
     causal: bool,
     scaling: float,
     lambda_angle: float,
     lambda_sphere: float,
     dropout: float = 0.0,
+    key_padding_mask: torch.Tensor | None = None,
     document_ids: torch.Tensor | None = None,
     kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """ZPX attention by `kernel` ("auto" or one of `ZPX_KERNELS`; module doc).
 
     query [B, H, Lq, d], key_aug [B, H, Lk, d + 5C] (k^ = [k, cos phi, sin phi, s]), value [B, H, Lk, dv],
-    query_features [B, H, Lq, 5C]; padding_mask [B, Lk] bool (True = real token) and document_ids [B, Lk]
+    query_features [B, H, Lq, 5C]; key_padding_mask [B, Lk] bool (True = real token) and document_ids [B, Lk]
     (packed rows: equal within a document) or None. Query i sits at position Lk - Lq + i; it sees key j
     when causality, padding and documents allow, and a row that sees no key outputs zeros.
     Returns (output [B, Lq, H, dv], attention weights [B, H, Lq, Lk] from `naive`, else None).
     """
-    padding_mask, document_ids = check_inputs(query, key_aug, value, query_features, padding_mask, document_ids)
+    key_padding_mask, document_ids = check_inputs(query, key_aug, value, query_features, key_padding_mask, document_ids)
     fn = _IMPLEMENTATIONS[resolve_kernel(kernel, query, dropout)]
     return fn(
         query,
         key_aug,
         value,
         query_features,
-        padding_mask,
-        document_ids,
         causal=causal,
         scaling=scaling,
         lambda_angle=lambda_angle,
         lambda_sphere=lambda_sphere,
         dropout=dropout,
+        key_padding_mask=key_padding_mask,
+        document_ids=document_ids,
     )
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .ops_common import PHASE_FEATURES, upcast, visible_keys
+from .ops_common import upcast, visible_keys
+from .ops_zpx_base import PHASE_FEATURES
 
 
 def zpx_attention_naive(
@@ -21,16 +22,16 @@ def zpx_attention_naive(
     key_aug: torch.Tensor,
     value: torch.Tensor,
     query_features: torch.Tensor,
-    padding_mask: torch.Tensor | None,
-    document_ids: torch.Tensor | None,
     *,
     causal: bool,
     scaling: float,
     lambda_angle: float,
     lambda_sphere: float,
-    dropout: float = 0.0,
+    dropout: float,
+    key_padding_mask: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The inputs of `ops_zpx.zpx_attention`; returns (output [B, Lq, H, dv], weights [B, H, Lq, Lk])."""
+    """`ops_zpx_base.ZPXKernel`; returns (output [B, Lq, H, dv], weights [B, H, Lq, Lk])."""
     head_dim = query.shape[-1]
     key, key_features = key_aug[..., :head_dim], key_aug[..., head_dim:]
     channels = key_features.shape[-1] // PHASE_FEATURES
@@ -47,7 +48,7 @@ def zpx_attention_naive(
     sphere = (sphere_q[:, :, :, None, :, :] * sphere_k[:, :, None, :, :, :]).sum(dim=-1).mean(dim=-1)
     scores = content + lambda_angle * angle + lambda_sphere * sphere
 
-    visible = visible_keys(query.shape[2], key.shape[2], causal, padding_mask, query.device, document_ids)
+    visible = visible_keys(query.shape[2], key.shape[2], causal, key_padding_mask, query.device, document_ids)
     if visible is not None:
         scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
     weights = F.softmax(upcast(scores), dim=-1)

@@ -60,8 +60,7 @@ def expected_error(error: BaseException) -> tuple[str, str] | None:
 
 def last_complete_checkpoint(output_dir: str) -> Path | None:
     """The newest `checkpoint-N` in `output_dir` that `resume last` would take (complete files only)."""
-    complete = [p for p in checkpoints(output_dir) if checkpoint_problem(p) is None]
-    return complete[-1] if complete else None
+    return next((p for p in reversed(checkpoints(output_dir)) if checkpoint_problem(p) is None), None)
 
 
 def interrupted_message(prog: str, run: Any) -> str:
@@ -96,8 +95,9 @@ def guarded(job: Callable[[], Any], prog: str, run: Any = None, reading_config: 
             raise
         print(f"{prog}: config error: {' '.join(str(error).split())}", file=sys.stderr)
         return EXIT_USAGE, None
-    except KeyboardInterrupt:
-        print(f"{prog}: {interrupted_message(prog, run)}", file=sys.stderr)
+    except KeyboardInterrupt as error:
+        said = error.args[0] if error.args and isinstance(error.args[0], str) else None  # e.g. an undone overwrite
+        print(f"{prog}: {said or interrupted_message(prog, run)}", file=sys.stderr)
         return EXIT_INTERRUPTED, None
     except Exception as error:
         found = expected_error(error)

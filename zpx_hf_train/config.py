@@ -105,8 +105,8 @@ class _Refused(yaml.MarkedYAMLError):
 
 class _YamlLoader(yaml.SafeLoader):
     """SafeLoader that reads `3e-4` (no dot) as a float, as YAML 1.2 does, and refuses what a run config never
-    needs: aliases (`*name`, whose expansion makes a 1 kB file gigabytes: the "billion laughs") and duplicate
-    keys (YAML lets the last one win silently)."""
+    needs: aliases (`*name`, whose expansion makes a 1 kB file gigabytes: the "billion laughs"), duplicate
+    keys (YAML lets the last one win silently) and keys that are not strings (`1: x`, `? [a, b] : 1`)."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -119,7 +119,11 @@ class _YamlLoader(yaml.SafeLoader):
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, typing.Hashable) and key in seen:
+            if not isinstance(key, str):  # `1: x`, `? [a, b]`: never a field name (and not hashable, for a list)
+                kind = {bool: "a boolean", int: "a number", float: "a number", list: "a list"}.get(type(key), "a value")
+                problem = f"key {key!r} is {kind}, not a name; config keys are names such as `seed`"
+                raise _Refused(problem=problem, problem_mark=key_node.start_mark)
+            if key in seen:
                 raise _Refused(problem=f"duplicate key {key!r}; keep one", problem_mark=key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
@@ -363,6 +367,15 @@ def check_training_args(path: str, args: Any) -> None:
         value = getattr(args, key)
         if value < minimum:
             raise ConfigError(f"{path}: key `training.{key}` = {value} must be >= {minimum}.")
+    if args.dataloader_num_workers < 0:
+        raise ConfigError(
+            f"{path}: key `training.dataloader_num_workers` = {args.dataloader_num_workers} must be >= 0 "
+            "(0 loads batches in the main process)."
+        )
+    for key in ("seed", "data_seed"):  # numpy's seed range: set_seed fails outside it only once training starts
+        value = getattr(args, key)
+        if value is not None and not 0 <= value < 2**32:
+            raise ConfigError(f"{path}: key `training.{key}` = {value} must be in [0, {2**32 - 1}].")
     for key in ("learning_rate", "weight_decay"):  # an infinite step turns every weight into inf or NaN
         if math.isinf(getattr(args, key)):
             raise ConfigError(f"{path}: key `training.{key}` is infinite; give a finite number.")

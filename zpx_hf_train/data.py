@@ -8,9 +8,10 @@ header only, a folder mixing file types), so a bad corpus fails with one line na
 
 from __future__ import annotations
 
+import codecs
 import csv
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -222,42 +223,79 @@ def check_local_source(path: str, source: str, text_column: str) -> None:
     _check_file(where, target, text_column)
 
 
+PROBE_BYTES = 1 << 20  # what the check of a text file reads (more only while it finds nothing but whitespace)
+CSV_FIELD_LIMIT = 2**31 - 1  # Python's csv refuses a cell over 131,072 characters by default; datasets reads any
+
+
+def _text_chunks(file: Path) -> Iterator[tuple[int, str]]:
+    """`(offset, text)` of `file` read `PROBE_BYTES` at a time (a character cut at a chunk's end goes to the next);
+    `ConfigError` at the first byte that is not UTF-8."""
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+    offset = 0
+    with open(file, "rb") as f:
+        while True:
+            chunk = f.read(PROBE_BYTES)
+            try:
+                text = decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as error:
+                pending = len(error.object) - len(chunk)  # bytes of a character the last chunk cut
+                at = offset - pending + error.start
+                raise ConfigError(
+                    f"{file} is not valid UTF-8 (byte 0x{error.object[error.start]:02x} at offset {at}); "
+                    "re-save it as UTF-8."
+                ) from None
+            yield offset, text
+            if not chunk:
+                return
+            offset += len(chunk)
+
+
 def _check_file(where: str, file: Path, text_column: str) -> None:
+    """Empty, not UTF-8, a CSV without the column or rows: checked on the file's first `PROBE_BYTES` (and, for a
+    CSV, its header and first row), never by reading a large corpus whole; the loader reports a bad byte later on."""
     suffix = file.suffix.lower()
     size = check_regular_file(file, where).st_size
     if suffix == ".parquet":
         if size == 0:
             raise ConfigError(f"{where}: {file} is empty; give a parquet file with a `{text_column}` column.")
         return
-    raw = file.read_bytes()
     try:
-        text = raw.decode("utf-8-sig")  # a byte-order mark (Excel's "CSV UTF-8") is not part of the text
-    except UnicodeDecodeError as error:
-        raise ConfigError(
-            f"{where}: {file} is not valid UTF-8 (byte 0x{raw[error.start]:02x} at offset {error.start}); "
-            "re-save it as UTF-8."
-        ) from None
-    if not text.strip():
-        raise ConfigError(f"{where}: {file} is empty; give a file with text in it.")
+        if not any(text.strip() for _, text in _text_chunks(file)):  # stops at the first chunk with text
+            raise ConfigError(f"{file} is empty; give a file with text in it.")
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {error}") from None
     if suffix == ".csv":
-        rows = list(csv.reader(text.splitlines()))
-        header, body = rows[0], [row for row in rows[1:] if any(cell.strip() for cell in row)]
-        if text_column not in header:
-            raise ConfigError(
-                f"{where}: {file} has no column {text_column!r} (header: {header}); set `data.text_column`."
-            )
-        if not body:
-            raise ConfigError(f"{where}: {file} has a header but no rows; add rows of text.")
+        _check_csv(where, file, text_column)
 
 
-def load_text_documents(data: DataArguments) -> list[str]:
-    """The corpus documents; a source that `datasets` cannot read becomes one `ConfigError` line."""
+def _check_csv(where: str, file: Path, text_column: str) -> None:
+    """The header names `text_column` and some row after it has text; reads rows only until it finds one."""
+    limit = csv.field_size_limit(CSV_FIELD_LIMIT)
+    try:
+        with open(file, encoding="utf-8-sig", newline="") as f:
+            rows = csv.reader(f)
+            header = next(rows, [])
+            if text_column not in header:
+                raise ConfigError(
+                    f"{where}: {file} has no column {text_column!r} (header: {header[:20]}); set `data.text_column`."
+                )
+            if not any(any(cell.strip() for cell in row) for row in rows):
+                raise ConfigError(f"{where}: {file} has a header but no rows; add rows of text.")
+    except (csv.Error, UnicodeDecodeError) as error:
+        raise ConfigError(f"{where}: {file} is not a readable CSV file ({error}); re-save it as UTF-8 CSV.") from None
+    finally:
+        csv.field_size_limit(limit)
+
+
+def load_text_documents(data: DataArguments) -> Sequence[str]:
+    """The corpus documents (a `DocumentView` of a `datasets` source: read when used); a source that `datasets`
+    cannot read becomes one `ConfigError` line."""
     from datasets.exceptions import DatasetsError
 
-    from zpx_hf_train.data_tasks import load_documents
+    from zpx_hf_train.data_tasks import open_documents
 
-    try:
-        documents = load_documents(
+    try:  # read lazily: `build_datasets` reads only the documents its block caps need
+        documents = open_documents(
             data.text_source, data.text_column, data.dataset_config_name, data.dataset_split, data.max_documents
         )
     except (ValueError, FileNotFoundError, RuntimeError, OSError) as error:

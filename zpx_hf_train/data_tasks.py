@@ -29,6 +29,7 @@ at answer positions, -100 elsewhere; HF causal convention, the model shifts) and
 
 from __future__ import annotations
 
+import array
 import contextlib
 import hashlib
 import os
@@ -308,21 +309,64 @@ def pydoc_documents() -> list[str]:
     return [topics[name] for name in sorted(topics)]
 
 
-def split_documents(documents: Sequence[str], heldout_fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """Deterministic document-level split; a single document is split by characters instead."""
+class DocumentView(Sequence[str]):
+    """The text documents of a `datasets.Dataset` column (rows `indices`), read when used and in batches: a corpus
+    larger than memory is never held whole, and `pack_documents` with `max_blocks` reads only what it packs."""
+
+    BATCH = 1024
+
+    def __init__(self, dataset: Any, column: str, indices: Sequence[int]) -> None:
+        self.dataset, self.column = dataset, column
+        self.indices = array.array("q", indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.subset(range(len(self))[index])
+        return self.dataset[int(self.indices[index])][self.column]
+
+    def __iter__(self) -> Iterator[str]:
+        for start in range(0, len(self), self.BATCH):
+            yield from self.dataset[list(self.indices[start : start + self.BATCH])][self.column]
+
+    def subset(self, positions: Sequence[int]) -> DocumentView:
+        """The documents at `positions` of this view, still unread."""
+        return DocumentView(self.dataset, self.column, [self.indices[i] for i in positions])
+
+
+def text_documents(dataset: Any, column: str) -> DocumentView:
+    """The rows of `column` that hold text (a string, not blank), found in one streamed pass over the column."""
+    rows = dataset.select_columns([column])
+    indices, offset = array.array("q"), 0
+    for batch in rows.iter(batch_size=DocumentView.BATCH):
+        texts = batch[column]
+        indices.extend(offset + i for i, text in enumerate(texts) if isinstance(text, str) and text.strip())
+        offset += len(texts)
+    return DocumentView(rows, column, indices)
+
+
+def split_documents(documents: Sequence[str], heldout_fraction: float, seed: int) -> tuple[Sequence[str], ...]:
+    """Deterministic document-level split `(train, held out)`; a single document is split by characters instead.
+    A `DocumentView` (documents already non-blank) is split into views, unread; a list into lists."""
     if not 0 < heldout_fraction < 1:
         raise ValueError(f"heldout_fraction={heldout_fraction} must be in (0, 1).")
-    documents = [doc for doc in documents if doc]
+    if not isinstance(documents, DocumentView):
+        documents = [doc for doc in documents if doc]
     if len(documents) < 2:
-        text = documents[0] if documents else ""
+        text = documents[0] if len(documents) else ""
         cut = int(len(text) * (1 - heldout_fraction))
         return [text[:cut]], [text[cut:]]
     order = list(range(len(documents)))
     random.Random(f"split-{seed}").shuffle(order)
     num_heldout = max(1, round(len(documents) * heldout_fraction))
     heldout = set(order[:num_heldout])
-    train = [doc for i, doc in enumerate(documents) if i not in heldout]
-    return train, [doc for i, doc in enumerate(documents) if i in heldout]
+    train = [i for i in range(len(documents)) if i not in heldout]
+    held = [i for i in range(len(documents)) if i in heldout]
+    if isinstance(documents, DocumentView):
+        return documents.subset(train), documents.subset(held)
+    return [documents[i] for i in train], [documents[i] for i in held]
 
 
 def is_local_source(source: str) -> bool:
@@ -344,8 +388,20 @@ def load_documents(
     """Documents from `"pydoc"` (embedded), a local file (txt/md: one document per paragraph;
     json/jsonl/csv/parquet: `text_column`), a local folder (`save_to_disk` output or data files), or a
     dataset id that `datasets` can load (offline: from the cache)."""
+    return list(open_documents(source, text_column, dataset_config_name, split, max_documents))
+
+
+def open_documents(
+    source: str = "pydoc",
+    text_column: str = "text",
+    dataset_config_name: str | None = None,
+    split: str = "train",
+    max_documents: int | None = None,
+) -> Sequence[str]:
+    """`load_documents` without reading them: a `DocumentView` of a `datasets` source (the jobs read only the
+    documents their `max_train_blocks` / `max_eval_blocks` need), the list of the embedded corpus."""
     if source == "pydoc":
-        documents = pydoc_documents()
+        documents: Sequence[str] = pydoc_documents()
     else:
         if is_local_source(source):
             dataset = _load_local(os.path.expanduser(source), split)
@@ -358,7 +414,7 @@ def load_documents(
                 f"config key `data.text_column`: column {text_column!r} not in {source!r} "
                 f"(columns: {dataset.column_names})."
             )
-        documents = [text for text in dataset[text_column] if isinstance(text, str) and text.strip()]
+        documents = text_documents(dataset, text_column)
     return documents[:max_documents] if max_documents else documents
 
 
@@ -445,8 +501,10 @@ __all__ = [
     "IGNORE_INDEX",
     "TASKS",
     "is_local_source",
+    "DocumentView",
     "load_documents",
     "mqar_examples",
+    "open_documents",
     "pack_documents",
     "passkey_examples",
     "pydoc_documents",
@@ -455,4 +513,5 @@ __all__ = [
     "task_dataset",
     "task_examples",
     "text_dataset",
+    "text_documents",
 ]

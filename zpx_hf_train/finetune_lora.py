@@ -31,7 +31,7 @@ from typing import Any
 from .cli import cli_main
 from .config import ConfigError, RunArguments, RunConfig, check_positions, parse_config_file
 from .data import DataArguments, build_datasets, dataset_tags, validate_data_args
-from .job import open_run, publish, train_and_save, write_card
+from .job import open_run, publish, train_and_save, weights_mismatch, write_card
 from .report import card_data, mapping_table, model_card_template, render_model_card, write_report
 from .run_folder import STAGING, publish_folder
 from .trainer import build_trainer
@@ -142,6 +142,9 @@ def load_base(args: FinetuneArguments) -> tuple[Any, Any]:
     import zpx_hf  # noqa: F401 - registers the families, so their checkpoints load without remote code
 
     location, hub_id = base_model_source(args.base_model)
+    mismatch = None if hub_id else weights_mismatch(location)
+    if mismatch:
+        raise ConfigError(f"key `base_model` = {args.base_model!r}: {mismatch}; use the folder as training saved it.")
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=args.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(location, trust_remote_code=args.trust_remote_code)

@@ -22,6 +22,7 @@ model's own numbers. Run it as `zpx-inspect` or `python -m zpx_hf_train.inspecti
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import re
@@ -46,6 +47,8 @@ from zpx_hf.clifford_algebra import (
 
 from .cli import guarded
 from .config import ConfigError
+from .job import weights_mismatch
+from .run_folder import atomic_write, atomic_write_json, link_refused
 
 SAMPLE_TEXT = "The cat sat on the mat. The cat sat on the mat."
 MAX_TOKENS = 64  # beyond this the per-token panels stop being readable
@@ -78,8 +81,8 @@ def load_run(run_dir: str | Path, *, trust_remote_code: bool = False, device: st
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
         model_type, auto_map = config.get("model_type"), config.get("auto_map", {})
-    except (json.JSONDecodeError, AttributeError) as error:
-        raise ConfigError(f"run_dir {str(path)!r}: config.json is not a JSON object ({error}).") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
+        raise ConfigError(f"run_dir {str(path)!r}: config.json is not a UTF-8 JSON object ({error}).") from None
     if model_type not in zpx_hf.FAMILIES:
         raise ConfigError(
             f"run_dir {str(path)!r} holds model_type {model_type!r}, not a zpx-hf checkpoint "
@@ -93,6 +96,9 @@ def load_run(run_dir: str | Path, *, trust_remote_code: bool = False, device: st
     if trust_remote_code:
         check_auto_map(path, auto_map)
     device = check_device(device)
+    mismatch = weights_mismatch(path)
+    if mismatch:
+        raise ConfigError(f"run_dir {str(path)!r} could not be loaded: {mismatch}.")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         if trust_remote_code:
@@ -611,15 +617,18 @@ def inspect_run(
     model, tokenizer = load_run(run_dir, trust_remote_code=trust_remote_code, device=device)
     input_ids, labels = encode(tokenizer, SAMPLE_TEXT if text is None else text)
     folder = Path(run_dir) / "inspection"
-    folder.mkdir(exist_ok=True)
+    if folder.is_symlink():
+        raise link_refused(folder)
     paths, index = [], []
     with matplotlib.rc_context(STYLE):
         for name, title, fig in FAMILY_DRAWINGS[model.config.model_type](model, input_ids.to(device), labels):
             path = folder / f"{name}.png"
-            fig.savefig(path)
+            buffer = io.BytesIO()
+            fig.savefig(buffer, format="png")
+            atomic_write(path, buffer.getvalue())
             paths.append(path)
             index.append({"file": path.name, "title": title})
-    (folder / "index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    atomic_write_json(folder / "index.json", index)
     return paths
 
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -111,6 +112,41 @@ def load_checkpoint_weights(model: Any, checkpoint: str) -> None:
     model.load_state_dict(saved.state_dict(), strict=True)
 
 
+def weights_mismatch(folder: str | os.PathLike) -> str | None:
+    """Where a local checkpoint's safetensors weights disagree with the shapes its `config.json` builds (a weight
+    the config makes another shape), or None; read from the file headers and a meta-device model, so a mismatch is
+    named in one line before `from_pretrained` logs its table and raises."""
+    import torch
+    from safetensors import SafetensorError, safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    place = Path(folder)
+    files = sorted(place.glob("*.safetensors"))
+    if not (place / "config.json").is_file() or not files:
+        return None
+    try:
+        config = AutoConfig.from_pretrained(place)  # a registered family only: never the folder's own code
+        with torch.device("meta"):
+            expected = {
+                name: list(t.shape) for name, t in AutoModelForCausalLM.from_config(config).state_dict().items()
+            }
+    except (ValueError, KeyError, TypeError, OSError):
+        return None  # not a family this package builds: from_pretrained reports it
+    for file in files:
+        try:
+            with safe_open(file, "pt") as f:
+                shapes = {name: list(f.get_slice(name).get_shape()) for name in f.keys()}
+        except SafetensorError:
+            return None  # a truncated file: from_pretrained reports it
+        for name, shape in shapes.items():
+            if name in expected and expected[name] != shape:
+                return (
+                    f"{name} is {shape} in {file.name} but {expected[name]} by its config.json: the config is not "
+                    "the one saved with these weights"
+                )
+    return None
+
+
 def write_card(folder: str, text: str) -> None:
     """A folder's model card (`README.md`), written atomically."""
     atomic_write(Path(folder, "README.md"), text)
@@ -126,4 +162,4 @@ def publish(trainer: Any, run: RunFolders, commit_message: str, train_metrics: d
     train_metrics["total_runtime"] = time.time() - run.started
 
 
-__all__ = ["RunFolders", "open_run", "publish", "train_and_save", "write_card"]
+__all__ = ["RunFolders", "open_run", "publish", "train_and_save", "weights_mismatch", "write_card"]

@@ -7,18 +7,26 @@
   the same folder stops at once (the lock goes with the process, so a killed job never leaves it behind).
 - The marker `zpx_run.json` records the run's identity (`RunConfig.fingerprint`, job, family, config
   file) and whether the run finished. `check_identity` refuses a folder or a checkpoint of another run.
-- `checkpoint_problem` says why a checkpoint folder is incomplete (a truncated `trainer_state.json` or
-  weights file, a missing one); `resolve_resume` picks the newest complete checkpoint and names the rest.
+- No write goes through a link: `atomic_write` refuses a target that is a symbolic link, the lock file is opened
+  with `O_NOFOLLOW`, and `RunFolder` refuses a folder holding links (`links_in`) before it writes anything.
+- Every checkpoint ends with `zpx_checkpoint.json` (`write_manifest`, written atomically after its files): the
+  size and sha256 of each file. `checkpoint_problem` is the one verification of a checkpoint (structure, trainer
+  state, complete optimizer state, checksums); `resolve_resume` takes the newest checkpoint that passes it,
+  naming every newer one it skips, and refuses a discovered checkpoint of another run.
 - `RunFolder` ties them together for one output folder: lock, guard, overwrite (the old run is moved aside
-  and restored if the new run fails, removed once it succeeds), marker, and `finish()` at the end.
+  and restored if the new run fails, removed once it succeeds; only a folder with its own run marker and no
+  other run inside it is replaced), marker, and `finish()` at the end.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 import struct
 import sys
 import tempfile
@@ -34,6 +42,7 @@ TRAINER_STATE = "trainer_state.json"
 LOCK_FILE = "_zpx.lock"  # "_*": never uploaded by `Trainer.push_to_hub`
 ASIDE = ".zpx-replaced"  # the run an overwrite replaces, until the new run has finished
 STAGING = ".zpx-staging"  # a final model being saved, before its files are moved into place
+MANIFEST = "zpx_checkpoint.json"  # size and sha256 of every file of a checkpoint, written after them
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _OPTIMIZER_STATE = ("optimizer", "scheduler.pt", "global_step")  # Trainer's names (DeepSpeed: global_step*/)
 
@@ -51,9 +60,21 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def link_refused(path: Path, key: str | None = None) -> ConfigError:
+    """The one-line refusal of a symbolic link where a run folder writes: nothing is written through it."""
+    where = f"key `{key}`: " if key else ""
+    return ConfigError(
+        f"{where}{path} is a symbolic link (to {os.readlink(path)}); a run folder writes only its own files, never "
+        "through a link: remove the link (or choose another folder)."
+    )
+
+
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same folder, fsync, then `os.replace`."""
+    """Write `data` to `path` through a temporary file in the same folder, fsync, then `os.replace`; a `path` that
+    is a symbolic link is refused (`ConfigError`), not replaced or written through."""
     target = Path(path)
+    if target.is_symlink():
+        raise link_refused(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -97,14 +118,25 @@ class FolderLock:
         import fcntl
 
         self.created = not self.folder.exists()
+        path = self.folder / LOCK_FILE
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            handle = open(self.folder / LOCK_FILE, "a+", encoding="utf-8")
-        except OSError as error:  # a file in the way, a read-only folder, no permission
+            # O_NOFOLLOW: a planted link is refused, never followed (truncating its target); O_NONBLOCK: a FIFO
+            # in its place does not block the open
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as error:  # a file in the way, a read-only folder, no permission, a link
+            if error.errno == errno.ELOOP and path.is_symlink():
+                raise link_refused(path, self.key) from None
             raise ConfigError(
                 f"key `{self.key}`: cannot write to {self.folder} ({error.strerror or error}); choose a folder you "
                 "can write."
             ) from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+            os.close(fd)
+            what = "has other hard links" if stat.S_ISREG(info.st_mode) else "is not a regular file"
+            raise ConfigError(f"key `{self.key}`: {path} {what}, so writing it would change another file; delete it.")
+        handle = os.fdopen(fd, "r+", encoding="utf-8", errors="replace")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -176,7 +208,13 @@ def identity_of(marker: dict[str, Any] | None) -> RunIdentity | None:
     )
 
 
-def check_identity(ours: RunIdentity, folder: str | os.PathLike, key: str, what: str) -> None:
+def check_identity(
+    ours: RunIdentity,
+    folder: str | os.PathLike,
+    key: str,
+    what: str,
+    fix: str = "use a checkpoint of this run, or start over without it",
+) -> None:
     """Refuse `folder` (a checkpoint, or its run folder) unless its marker records this run's fingerprint."""
     place = Path(folder)
     marker = read_marker(place)
@@ -190,8 +228,7 @@ def check_identity(ours: RunIdentity, folder: str | os.PathLike, key: str, what:
         )
     if theirs.fingerprint != ours.fingerprint:
         raise ConfigError(
-            f"key `{key}`: {what} {place} belongs to another {theirs.describe()}, not this {ours.describe()}; "
-            "use a checkpoint of this run, or start over without it."
+            f"key `{key}`: {what} {place} belongs to another {theirs.describe()}, not this {ours.describe()}; {fix}."
         )
 
 
@@ -215,9 +252,51 @@ def _safetensors_problem(path: Path) -> str | None:
     return None
 
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: str | os.PathLike) -> None:
+    """Record the size and sha256 of every file of a saved checkpoint in `zpx_checkpoint.json` (atomically, after
+    the files, so a checkpoint whose save was cut short has none)."""
+    place = Path(folder)
+    files = {
+        p.relative_to(place).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+        for p in sorted(place.rglob("*"))
+        if p.is_file() and p.name != MANIFEST and not p.is_symlink()
+    }
+    atomic_write_json(place / MANIFEST, {"files": files})
+
+
+def _manifest_problem(place: Path) -> str | None:
+    """Why the files of `place` are not the ones its manifest recorded at save time (None when they are)."""
+    path = place / MANIFEST
+    if not path.is_file():
+        return f"no {MANIFEST}, the checksums a save writes last: its save was cut short, or an older zpx-hf wrote it"
+    value = json.loads(path.read_text(encoding="utf-8"))  # JSON: `checkpoint_problem` read every .json first
+    files = value.get("files") if isinstance(value, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(e, dict) for e in files.values()):
+        return f"unreadable {MANIFEST}"
+    for name, entry in files.items():
+        saved = place / name
+        if not saved.is_file():
+            return f"{name} is missing ({MANIFEST} lists it)"
+        if saved.stat().st_size != entry.get("bytes"):
+            return f"{name} has {saved.stat().st_size} bytes, not the {entry.get('bytes')} saved"
+        if file_sha256(saved) != entry.get("sha256"):
+            return f"{name} changed since it was saved (sha256 differs from {MANIFEST})"
+    return None
+
+
 def checkpoint_problem(folder: str | os.PathLike) -> str | None:
-    """Why `folder` is not a complete checkpoint (None when it is): a missing or truncated trainer state,
-    weights (`*.safetensors`), optimizer / scheduler / RNG state (`*.pt`, `*.pth`) or JSON file."""
+    """Why `folder` is not a checkpoint to resume from (None when it is): a missing or truncated trainer state,
+    weights (`*.safetensors`), optimizer / scheduler / RNG state (`*.pt`, `*.pth`) or JSON file; a trainer state
+    without `global_step`; optimizer state without its scheduler or the reverse; a file whose size or sha256 is
+    not the one `zpx_checkpoint.json` recorded at save time (or no such manifest)."""
     place = Path(folder)
     if not (place / TRAINER_STATE).is_file():
         return f"no {TRAINER_STATE}"
@@ -239,7 +318,25 @@ def checkpoint_problem(folder: str | os.PathLike) -> str | None:
                 zipfile.ZipFile(path).close()  # torch.save writes a zip: a cut one has no central directory
             except (zipfile.BadZipFile, OSError):
                 return f"truncated {path.name}"
-    return None
+    state = json.loads((place / TRAINER_STATE).read_text(encoding="utf-8"))
+    step = state.get("global_step") if isinstance(state, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return f"{TRAINER_STATE} has no global_step"
+    names = [p.name for p in place.iterdir()]
+    if not any(name.startswith("global_step") for name in names):  # DeepSpeed keeps both in global_step*/
+        optimizer = any(name.startswith("optimizer") for name in names)
+        if optimizer != ("scheduler.pt" in names):
+            missing = "scheduler.pt" if optimizer else "optimizer.pt"
+            return f"no {missing} (the optimizer state is incomplete)"
+    return _manifest_problem(place)
+
+
+def links_in(folder: str | os.PathLike) -> list[Path]:
+    """Symbolic links anywhere under `folder` (a linked folder is listed, not entered)."""
+    found = []
+    for root, folders, files in os.walk(folder):
+        found += [Path(root, name) for name in sorted(folders + files) if os.path.islink(os.path.join(root, name))]
+    return found
 
 
 def checkpoints(folder: str | os.PathLike) -> list[Path]:
@@ -279,29 +376,39 @@ def resolve_resume(training_args: Any, ours: RunIdentity, finished: bool) -> Res
         skipped: list[str] = []
         chosen = None
         for candidate in reversed(found):
+            # a checkpoint of another run copied in: refused, not skipped (someone put it there)
+            check_identity(ours, candidate, key, "checkpoint", f"move it out of {training_args.output_dir}")
             problem = checkpoint_problem(candidate)
             if problem is None:
                 chosen = candidate
                 break
             skipped.append(f"{candidate.name} ({problem})")
         if chosen is None:
-            incomplete = f" (incomplete: {', '.join(skipped)})" if skipped else ""
+            incomplete = f" (cannot be resumed: {'; '.join(skipped)})" if skipped else ""
             raise ConfigError(
                 f"key `{key}` = {value!r}: no complete checkpoint in {training_args.output_dir}{incomplete}; train "
                 "without it first or name a checkpoint folder."
             )
         if training_args.process_index == 0:
             if skipped:
-                print(f"warning: skipped incomplete checkpoints: {', '.join(skipped)}", file=sys.stderr, flush=True)
+                print(
+                    f"warning: resuming from {chosen.name}, not the newest checkpoint: skipped {'; '.join(skipped)} "
+                    "(left as they are: delete them once you have looked)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             print(f"resuming from {chosen}", flush=True)
     else:
         chosen = Path(value)
         if not chosen.is_dir():
             raise ConfigError(f"key `{key}`: {value!r} is not a checkpoint folder.")
+        check_identity(ours, chosen, key, "checkpoint")
         problem = checkpoint_problem(chosen)
         if problem:
-            raise ConfigError(f"key `{key}`: {value!r} is not a complete checkpoint ({problem}).")
-        check_identity(ours, chosen, key, "checkpoint")
+            raise ConfigError(
+                f"key `{key}`: {value!r} is not a complete checkpoint ({problem}); name another checkpoint of "
+                "this run, or `last` for the newest complete one."
+            )
     if is_model_only(chosen):
         raise ConfigError(
             f"key `{key}`: {chosen} is model-only (saved with `save_only_model: true`): it holds no optimizer or "
@@ -375,6 +482,7 @@ class RunFolder:
         return self
 
     def _guard(self) -> None:
+        self._note_replaced()
         marker = read_marker(self.folder)
         recorded = identity_of(marker)
         ours = recorded is not None and recorded.fingerprint == self.identity.fingerprint
@@ -406,11 +514,55 @@ class RunFolder:
             raise ConfigError(
                 "keys `overwrite_output_dir` and `training.resume_from_checkpoint` contradict each other; drop one."
             )
+        if holds_run and self.overwrite:
+            self._check_replaceable(recorded)
+        links = links_in(self.folder)
+        if links:
+            raise link_refused(links[0], self.key)
         self._resolve(marker if ours else None)  # before the marker is rewritten: it says whether the run finished
         shutil.rmtree(self.folder / STAGING, ignore_errors=True)  # a final save that a kill interrupted
         if self.overwrite and holds_run:
             self._move_aside()
         self.write_marker(finished=False)
+
+    def _check_replaceable(self, recorded: RunIdentity | None) -> None:
+        """An overwrite deletes only what a run wrote: a folder with its own run marker and no other run in it."""
+        if recorded is None:
+            names = sorted(p.name for p in self._entries())
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            raise ConfigError(
+                f"key `{self.key}`: {self.folder} has no run marker ({RUN_MARKER}) of its own but holds {shown}; "
+                "--overwrite_output_dir replaces only a run's own folder, so give that run's folder, a new one, or "
+                "move those files away yourself."
+            )
+        nested = [
+            path.parent
+            for entry in self._entries()
+            if entry.is_dir() and not entry.is_symlink() and not _CHECKPOINT.match(entry.name)
+            for path in sorted(entry.rglob(RUN_MARKER))
+            if getattr(identity_of(read_marker(path.parent)), "fingerprint", None) != recorded.fingerprint
+        ]
+        if nested:
+            names = ", ".join(str(p.relative_to(self.folder)) for p in nested[:3])
+            raise ConfigError(
+                f"key `{self.key}`: {self.folder} holds other runs ({names}); --overwrite_output_dir would delete "
+                "them with it, so choose another folder (or move them out first)."
+            )
+
+    def _note_replaced(self) -> None:
+        """Say that `.zpx-replaced/` holds the run a killed overwrite replaced, and how to get it back."""
+        aside = self.folder / ASIDE
+        if not aside.is_dir():
+            return
+        replaced = identity_of(read_marker(aside))
+        what = replaced.describe() if replaced else "files"
+        print(
+            f"warning: {aside} holds the {what} that an interrupted overwrite replaced; the next run to finish in "
+            f"{self.folder} deletes it. To restore it, delete every other entry of {self.folder} and move the "
+            f"contents of {ASIDE}/ back into it.",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _resolve(self, marker: dict[str, Any] | None) -> None:
         if self.training_args is not None:
@@ -472,7 +624,9 @@ class RunFolder:
                 # the job failed before writing anything (e.g. a data file datasets cannot parse): no run is left
                 # behind, and the lock's release removes a folder this job created
                 (self.folder / RUN_MARKER).unlink(missing_ok=True)
-            if note and error.args and isinstance(error.args[0], str):
+            if note and isinstance(error, KeyboardInterrupt):  # the CLI prints this one line, not its resume advice
+                error.args = (f"interrupted; {note}; run the same command again to start the overwrite over.",)
+            elif note and error.args and isinstance(error.args[0], str):
                 error.args = (f"{error.args[0].rstrip('.')}; {note}.", *error.args[1:])
             elif note:
                 print(f"note: {note}", file=sys.stderr, flush=True)
@@ -484,6 +638,7 @@ __all__ = [
     "ASIDE",
     "FolderLock",
     "LOCK_FILE",
+    "MANIFEST",
     "RUN_MARKER",
     "Resume",
     "RunFolder",
@@ -496,7 +651,10 @@ __all__ = [
     "checkpoint_problem",
     "checkpoints",
     "is_model_only",
+    "link_refused",
+    "links_in",
     "publish_folder",
     "read_marker",
     "resolve_resume",
+    "write_manifest",
 ]

@@ -6,9 +6,9 @@ The run folder itself (lock, marker, resume choice) is `zpx_hf_train.run_folder`
   (`Trainer` would otherwise log such a loss as a filtered average: 0.0 on the first steps).
 - `GeometricTrainer` saves the final model into a staging folder and moves its files into place (a kill never
   leaves half a `model.safetensors` in the run folder), writes the run marker into every checkpoint (so a
-  checkpoint copied elsewhere still names its run), writes the family's model card atomically and, for an FSDP
-  launch on CPU, shards the model with `fully_shard` and saves one full safetensors state dict
-  (see `zpx_hf_train/distributed.py`).
+  checkpoint copied elsewhere still names its run) and then its checksum manifest (`run_folder.write_manifest`),
+  writes the family's model card atomically and, for an FSDP launch on CPU, shards the model with `fully_shard`
+  and saves one full safetensors state dict (see `zpx_hf_train/distributed.py`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from transformers import Trainer, TrainerCallback
 
 from .config import ConfigError
 from .distributed import cpu_fsdp_requested, full_state_dict, shard_model, state_dict_digest
-from .run_folder import RUN_MARKER, STAGING, atomic_write, atomic_write_json, publish_folder
+from .run_folder import RUN_MARKER, STAGING, atomic_write, atomic_write_json, publish_folder, write_manifest
 
 
 class TrainingDivergedError(RuntimeError):
@@ -119,10 +119,12 @@ class GeometricTrainer(Trainer):
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         super()._save_checkpoint(model, trial)
-        if self.run_marker is not None and self.args.should_save:
-            folder = Path(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-            if folder.is_dir():
+        self.accelerator.wait_for_everyone()  # every process has written its files (e.g. its rng_state_N.pth)
+        folder = Path(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        if self.args.should_save and folder.is_dir():
+            if self.run_marker is not None:
                 atomic_write_json(folder / RUN_MARKER, {**self.run_marker, "finished": False})
+            write_manifest(folder)  # last: a checkpoint without it was cut short (`checkpoint_problem`)
 
     def _wrap_model(self, model: Any, training: bool = True, dataloader: Any = None) -> Any:
         if not self.cpu_fsdp:

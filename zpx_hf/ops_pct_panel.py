@@ -1,5 +1,5 @@
-"""PCT sigmoid attention in memory-lean PyTorch (kernel `cpu`): query panels, recomputing backward; and the
-one-query step of cached decoding (kernel `decode`). Same function as `ops_pct_naive.pct_attention_naive`.
+"""PCT sigmoid attention in memory-lean PyTorch (kernel `panel`): query panels, recomputing backward.
+Same function as `ops_pct_naive.pct_attention_naive`.
 
 Queries are processed in panels of `PANEL_ROWS` rows against only the keys a panel can see
 (`ops_common.query_panels`: causal, the prefix up to its last row; packed rows, nothing before the
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops_common import autocast_off, decode_key_mask, query_panels
+from .ops_common import autocast_off, query_panels
 
 PANEL_ROWS = 128  # query rows per panel; read at call time
 
@@ -75,7 +75,7 @@ def _forward(query, key, value, tau, bias, key_padding_mask, document_ids, causa
     return out.view(batch, heads, l_q, dim).to(query.dtype)
 
 
-class _PCTAttentionCPU(torch.autograd.Function):
+class _PCTAttentionPanel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, tau, bias, key_padding_mask, document_ids, causal):
         ctx.save_for_backward(query, key, value, tau, bias, key_padding_mask, document_ids)
@@ -124,12 +124,7 @@ class _PCTAttentionCPU(torch.autograd.Function):
         )
 
 
-def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`tensor.to(dtype)`, without a dispatched call when the dtype already matches."""
-    return tensor if tensor.dtype == dtype else tensor.to(dtype)
-
-
-def pct_attention_decode(
+def pct_attention_panel(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -140,36 +135,10 @@ def pct_attention_decode(
     key_padding_mask: torch.Tensor | None,
     document_ids: torch.Tensor | None,
 ) -> torch.Tensor:
-    """One query per (batch, head): out = sigmoid(tau q.K^T + b) V over the visible keys (others exactly 0).
-
-    query [B, H, 1, D] is the last position: causal or not it sees every key of its document, so only padding
-    and documents mask pairs (one key mask, `decode_key_mask`)."""
-    acc = torch.float64 if query.dtype == torch.float64 else torch.float32  # promote_types(dtype, float32)
-    visible = decode_key_mask(key_padding_mask, document_ids)
-    with autocast_off(query):
-        raw = torch.matmul(_as(query, acc) * _as(tau, acc).view(-1, 1, 1), _as(key, acc).transpose(-1, -2))
-        gate = torch.sigmoid(raw.add_(_as(bias, acc).view(-1, 1, 1)))  # tau q.k_j + b, [B, H, 1, Lk]
-        if visible is not None:
-            gate = gate.masked_fill(~visible[:, None, None, :], 0.0)  # not in place: sigmoid's backward
-        out = torch.matmul(gate, _as(value, acc))
-    return _as(out, query.dtype)
-
-
-def pct_attention_cpu(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    tau: torch.Tensor,
-    bias: torch.Tensor,
-    *,
-    causal: bool,
-    key_padding_mask: torch.Tensor | None,
-    document_ids: torch.Tensor | None,
-) -> torch.Tensor:
-    """PCT sigmoid attention in query panels with a recomputing backward (module doc); any device and dtype."""
+    """`ops_pct_base.PCTKernel` in query panels with a recomputing backward (module doc); any device and dtype."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, tau, bias)):
-        return _PCTAttentionCPU.apply(query, key, value, tau, bias, key_padding_mask, document_ids, bool(causal))
+        return _PCTAttentionPanel.apply(query, key, value, tau, bias, key_padding_mask, document_ids, bool(causal))
     return _forward(query, key, value, tau, bias, key_padding_mask, document_ids, bool(causal))
 
 
-__all__ = ["PANEL_ROWS", "pct_attention_cpu", "pct_attention_decode"]
+__all__ = ["PANEL_ROWS", "pct_attention_panel"]

@@ -1,4 +1,4 @@
-"""Geometric product attention in O(L) memory with PyTorch ops: the CPU fast path (kernel "cpu").
+"""Geometric product attention in O(L) memory with PyTorch ops (kernel "chunk"; earlier "cpu", "chunked").
 
 The function of `ops_gpa_naive.gpa_naive`, computed flash-style. With Q^(m)_B = qsign_m[B] Q_{B xor C_m}
 (the 11 signed permutations of the query, `form_tables`), <P_ij>_{C_m} = Q^(m)_i . K_j, so for a panel of
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from .ops_common import compute_dtype, document_spans
-from .ops_gpa import NUM_FORMS, form_tables
+from .ops_gpa_base import NUM_FORMS, form_tables
 
 PANEL = 128  # query rows per panel
 BLOCK = 256  # keys per block
@@ -194,7 +194,7 @@ class _GPAChunkedFunction(torch.autograd.Function):
         return dq, dk, dv, dgamma if bivector else None, None, None, None, None, None, None
 
 
-def gpa_cpu(
+def gpa_chunk(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -207,7 +207,8 @@ def gpa_cpu(
     eps: float,
     bivector: bool,
 ) -> torch.Tensor:
-    """GPA with query panels, key blocks, online softmax and a recomputing backward (O(L) memory)."""
+    """`ops_gpa_base.GPAKernel` with query panels, key blocks, online softmax and a recomputing backward (O(L)
+    memory)."""
     dtype = compute_dtype(query)
     return _GPAChunkedFunction.apply(
         query.to(dtype),
@@ -223,4 +224,4 @@ def gpa_cpu(
     )
 
 
-__all__ = ["gpa_cpu"]
+__all__ = ["gpa_chunk"]

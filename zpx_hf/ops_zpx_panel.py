@@ -1,5 +1,5 @@
-"""ZPX angle-sphere attention as fused scaled-dot-product attention (kernel `cpu`, any device), and its
-one-token step (kernel `decode`). Same function as `ops_zpx_naive.zpx_attention_naive`.
+"""ZPX angle-sphere attention as fused scaled-dot-product attention in query panels (kernel `panel`, any device).
+Same function as `ops_zpx_naive.zpx_attention_naive`.
 
 cos(a - b) = cos a cos b + sin a sin b, so with q^ = [q/sqrt(d), (la/C) cos phi, (la/C) sin phi, (ls/C) s]
 and k^ = [k, cos phi, sin phi, s] the score is S = q^ . k^: ordinary SDPA (scale 1) on head dim d + 5C
@@ -15,50 +15,21 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .ops_common import PHASE_FEATURES, constant_tables, decode_key_mask, query_panels, upcast, visible_block
+from .ops_common import query_panels, visible_block
+from .ops_zpx_base import augment_query
 
 MASK_ELEMENTS = 1 << 20  # batch x query rows x keys of one panel's mask (and its scores); read at call time
 PANEL_ROWS = 256  # at most this many query rows per panel (narrow panels skip more of other documents' keys)
 KEPT_MASK_ELEMENTS = 1 << 24  # past this many mask entries kept for the backward in all, panels are recomputed
 
 
-def augment_query(
-    query: torch.Tensor, query_features: torch.Tensor, scaling: float, lambda_angle: float, lambda_sphere: float
-) -> torch.Tensor:
-    """q^ = [q * scaling, (la/C) cos phi, (la/C) sin phi, (ls/C) s] = [q, features] * coefficients (one multiply;
-    float32 coefficients for half precision)."""
-    dtype = upcast(query).dtype
-    coefficients = query_coefficients(
-        query.shape[-1], query_features.shape[-1], scaling, lambda_angle, lambda_sphere, dtype, query.device
-    )
-    query_aug = torch.cat((query, query_features), dim=-1) * coefficients
-    return query_aug if query_aug.dtype == query.dtype else query_aug.to(query.dtype)
-
-
-@constant_tables
-def query_coefficients(
-    head_dim: int,
-    feature_dim: int,
-    scaling: float,
-    lambda_angle: float,
-    lambda_sphere: float,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> torch.Tensor:
-    """[scaling] * d + [la/C] * 2C + [ls/C] * 3C, the multipliers of [q, features] in `augment_query`."""
-    channels = feature_dim // PHASE_FEATURES
-    values = [scaling] * head_dim + [lambda_angle / channels] * (2 * channels)
-    values += [lambda_sphere / channels] * (3 * channels)
-    return torch.tensor(values, dtype=dtype, device=device)
-
-
-def _panel(query, key, value, padding_mask, document_ids, block, sizes, causal, dropout) -> torch.Tensor:
+def _panel(query, key, value, key_padding_mask, document_ids, block, sizes, causal, dropout) -> torch.Tensor:
     """SDPA of query rows [r0, r1) against keys [k0, k1) (the slices given) under the block's mask; rows with no
     visible key give 0."""
     (r0, r1, k0, k1), (l_q, l_k) = block, sizes
-    mask = visible_block((r0, r1), (k0, k1), l_q, l_k, causal, padding_mask, document_ids, query.device)
+    mask = visible_block((r0, r1), (k0, k1), l_q, l_k, causal, key_padding_mask, document_ids, query.device)
     seen = None
-    if mask is not None and padding_mask is not None:  # open empty rows for softmax, zero them after
+    if mask is not None and key_padding_mask is not None:  # open empty rows for softmax, zero them after
         seen = mask.any(dim=-1, keepdim=True)
         mask = mask | ~seen
     output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=1.0)
@@ -72,51 +43,52 @@ def _slices(query_aug, key_aug, value, block) -> tuple[torch.Tensor, torch.Tenso
 
 
 class _RecomputedPanels(torch.autograd.Function):
-    """The panels of `zpx_attention_cpu` with nothing kept between passes but q^, k^, v: the forward writes each
+    """The panels of `zpx_attention_panel` with nothing kept between passes but q^, k^, v: the forward writes each
     panel's output into one tensor without autograd state, the backward recomputes one panel at a time and adds
     its gradients into three preallocated buffers (no per-panel full-size gradient, one mask alive at a time)."""
 
     @staticmethod
-    def forward(ctx, query_aug, key_aug, value, padding_mask, document_ids, blocks, sizes, causal):
-        ctx.save_for_backward(query_aug, key_aug, value, padding_mask, document_ids)
+    def forward(ctx, query_aug, key_aug, value, key_padding_mask, document_ids, blocks, sizes, causal):
+        ctx.save_for_backward(query_aug, key_aug, value, key_padding_mask, document_ids)
         ctx.blocks, ctx.sizes, ctx.causal = blocks, sizes, causal
         output = query_aug.new_empty(*query_aug.shape[:3], value.shape[-1])
         for block in blocks:
             pieces = _slices(query_aug, key_aug, value, block)
-            output[:, :, block[0] : block[1]] = _panel(*pieces, padding_mask, document_ids, block, sizes, causal, 0.0)
+            rows = _panel(*pieces, key_padding_mask, document_ids, block, sizes, causal, 0.0)
+            output[:, :, block[0] : block[1]] = rows
         return output
 
     @staticmethod
     def backward(ctx, grad_output):
-        query_aug, key_aug, value, padding_mask, document_ids = ctx.saved_tensors
+        query_aug, key_aug, value, key_padding_mask, document_ids = ctx.saved_tensors
         grads = [torch.zeros_like(query_aug), torch.zeros_like(key_aug), torch.zeros_like(value)]
         for block in ctx.blocks:
             r0, r1, k0, k1 = block
             with torch.enable_grad():
                 # the slices as leaves: their gradients only, no full-size temporaries per panel
                 pieces = [t.detach().requires_grad_() for t in _slices(query_aug, key_aug, value, block)]
-                output = _panel(*pieces, padding_mask, document_ids, block, ctx.sizes, ctx.causal, 0.0)
+                output = _panel(*pieces, key_padding_mask, document_ids, block, ctx.sizes, ctx.causal, 0.0)
                 parts = torch.autograd.grad(output, pieces, grad_output[:, :, r0:r1])
             for grad, part, (a, b) in zip(grads, parts, ((r0, r1), (k0, k1), (k0, k1))):
                 grad[:, :, a:b] += part
         return (*grads, None, None, None, None, None)
 
 
-def zpx_attention_cpu(
+def zpx_attention_panel(
     query: torch.Tensor,
     key_aug: torch.Tensor,
     value: torch.Tensor,
     query_features: torch.Tensor,
-    padding_mask: torch.Tensor | None,
-    document_ids: torch.Tensor | None,
     *,
     causal: bool,
     scaling: float,
     lambda_angle: float,
     lambda_sphere: float,
-    dropout: float = 0.0,
+    dropout: float,
+    key_padding_mask: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
 ) -> tuple[torch.Tensor, None]:
-    """The inputs of `ops_zpx.zpx_attention`; returns (output [B, Lq, H, dv] (a transposed view), None)."""
+    """`ops_zpx_base.ZPXKernel`; returns (output [B, Lq, H, dv] (a transposed view), None)."""
     batch, _, l_q, _ = query.shape
     l_k = key_aug.shape[2]
     query_aug = augment_query(query, query_features, scaling, lambda_angle, lambda_sphere)
@@ -125,7 +97,7 @@ def zpx_attention_cpu(
         # Fused SDPA kernels (flash on CPU and GPU) need one head dim for q, k and v: pad v with zeros
         # and drop the padding from the output.
         value = F.pad(value, (0, query_aug.shape[-1] - value_dim))
-    if padding_mask is None and document_ids is None and (not causal or l_q == l_k):
+    if key_padding_mask is None and document_ids is None and (not causal or l_q == l_k):
         output = F.scaled_dot_product_attention(
             # a Python bool: under torch.export `l_q > 1` is a SymBool, which SDPA refuses (dynamic dims are >= 2)
             query_aug,
@@ -142,56 +114,21 @@ def zpx_attention_cpu(
     # is recomputed in the backward instead (one panel's mask alive at a time).
     kept = batch * sum((r1 - r0) * (k1 - k0) for r0, r1, k0, k1 in blocks)
     recompute = kept > KEPT_MASK_ELEMENTS and torch.is_grad_enabled() and not torch.compiler.is_compiling()
-    args = (query_aug, key_aug, value, padding_mask, document_ids)
+    args = (query_aug, key_aug, value, key_padding_mask, document_ids)
     if recompute and dropout == 0.0:
         output = _RecomputedPanels.apply(*args, blocks, (l_q, l_k), causal)
     else:  # dropout: torch's checkpoint replays the random state
         panels = []
         for block in blocks:
-            panel_args = (*_slices(*args[:3], block), padding_mask, document_ids, block, (l_q, l_k), causal, dropout)
+            panel_args = (*_slices(*args[:3], block), *args[3:], block, (l_q, l_k), causal, dropout)
             panels.append(checkpoint(_panel, *panel_args, use_reentrant=False) if recompute else _panel(*panel_args))
         output = panels[0] if len(panels) == 1 else torch.cat(panels, dim=2)
     return output[..., :value_dim].transpose(1, 2), None
-
-
-def zpx_attention_decode(
-    query: torch.Tensor,
-    key_aug: torch.Tensor,
-    value: torch.Tensor,
-    query_features: torch.Tensor,
-    padding_mask: torch.Tensor | None,
-    document_ids: torch.Tensor | None,
-    *,
-    causal: bool,
-    scaling: float,
-    lambda_angle: float,
-    lambda_sphere: float,
-    dropout: float = 0.0,
-) -> tuple[torch.Tensor, None]:
-    """One query row (cached decoding; the last position, so causality hides nothing): softmax(q^ k^T) v as two
-    batched GEMVs over [B*H] (cheaper than a fused kernel's launch), v keeping its own head dim. No dropout."""
-    batch, heads, _, _ = query.shape
-    k_len = key_aug.shape[2]
-    query_aug = augment_query(query, query_features, scaling, lambda_angle, lambda_sphere)
-    scores = torch.bmm(query_aug.flatten(0, 1), key_aug.flatten(0, 1).transpose(1, 2))  # [B*H, 1, Lk]
-    visible = decode_key_mask(padding_mask, document_ids)
-    if visible is not None:
-        visible = visible[:, None, None, :]
-        scores = scores.view(batch, heads, 1, k_len).masked_fill(~visible, torch.finfo(scores.dtype).min)
-    weights = F.softmax(upcast(scores), dim=-1)
-    if visible is not None:
-        weights = weights * visible.any(dim=-1, keepdim=True)  # a row with no visible key: zeros
-    if weights.dtype != value.dtype:
-        weights = weights.to(value.dtype)
-    output = torch.bmm(weights.view(batch * heads, 1, k_len), value.flatten(0, 1))  # [B*H, 1, dv]
-    return output.view(batch, heads, 1, -1).transpose(1, 2), None
 
 
 __all__ = [
     "KEPT_MASK_ELEMENTS",
     "MASK_ELEMENTS",
     "PANEL_ROWS",
-    "augment_query",
-    "zpx_attention_cpu",
-    "zpx_attention_decode",
+    "zpx_attention_panel",
 ]
