@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # A CPU build of torch; override with TORCH_SPEC=torch for your platform's default build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup main test test-hf lint check bench
+.PHONY: setup main test test-oldest test-hf lint check bench
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,32 @@ main: setup
 
 test: setup
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -ra
+
+# The oldest releases pyproject declares, in a second venv: CI runs the suite there too (`make test` gets the newest
+# that pip resolves), so a release that breaks the package breaks a branch, not a user. OLDEST pins the floors of
+# the libraries whose internals the package touches; the rest resolve. torch is installed first (TORCH_SPEC) and
+# pinned to that exact build for the rest, so nothing swaps in another build (a CUDA one). The dev extra's
+# trl needs a newer accelerate, so this venv has the train extra and pytest; the tests of packages it lacks skip.
+VENV_OLDEST ?= .venv-oldest
+PY_OLDEST := $(VENV_OLDEST)/bin/python
+OLDEST := transformers==5.17.0 peft==0.21.0 accelerate==1.3.0
+
+$(VENV_OLDEST)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV_OLDEST)
+	$(PY_OLDEST) -m pip install -q --upgrade pip
+	$(PY_OLDEST) -c "import torch" 2>/dev/null || $(PY_OLDEST) -m pip install -q "$(TORCH_SPEC)"
+	$(PY_OLDEST) -m pip install -q -e ".[train]" "pytest>=8" "parameterized>=0.9" $(OLDEST) \
+		"torch==$$($(PY_OLDEST) -c 'import torch; print(torch.__version__)')"
+	$(PY_OLDEST) -c "import torch, transformers, peft, accelerate; print('oldest venv: torch', torch.__version__, \
+		'transformers', transformers.__version__, 'peft', peft.__version__, 'accelerate', accelerate.__version__)"
+	touch $@
+
+# The whole suite less what does not depend on these versions: torch.compile / torch.export and the Triton kernels
+# (torch and triton are the same in both venvs), the inspection pictures, and the wheel's packaging.
+OLDEST_SKIP := test_compile.py test_edges_compile.py test_deploy_export.py test_pct_kernels_compile.py \
+	test_versor_kernels_compile.py test_inspect.py test_package_data.py
+test-oldest: $(VENV_OLDEST)/.installed
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY_OLDEST) -m pytest -q -ra $(addprefix --ignore=tests/,$(OLDEST_SKIP))
 
 # transformers' own common model tests (ModelTesterMixin, ConfigTester) against every family: they ship
 # in the source distribution of the installed transformers, fetched once into $(HF_TESTS) (ignored by git).

@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import TINY_VOCAB, make_tiny_config
 from helpers_llama import tiny_llama_config
+from packaging.version import Version
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import zpx_hf  # noqa: F401
@@ -16,6 +17,14 @@ import zpx_hf  # noqa: F401
 accelerate = pytest.importorskip("accelerate")
 
 CASES = ("zpx", "pct", "versor-rra", "versor-gpa", "versor-hybrid", "llama")
+# Upstream: accelerate before 1.15 refuses a whole-model disk map in `dispatch_model` ("use the `disk_offload`
+# function instead"), for Llama too; `disk_offload` itself works there. Strict: the mark goes when it passes.
+WHOLE_DISK_MAP = pytest.mark.xfail(
+    Version(accelerate.__version__) < Version("1.15"),
+    reason="accelerate < 1.15 refuses device_map={'': 'disk'} in dispatch_model (upstream, Llama too)",
+    raises=ValueError,
+    strict=True,
+)
 TOLERANCE = 1e-10  # float64: summation-order differences are ~1e-15 of logits of order 1
 
 
@@ -36,6 +45,7 @@ def assert_parameters_offloaded(model) -> None:
     assert meta, "nothing was offloaded: the test would not exercise the hooks"
 
 
+@WHOLE_DISK_MAP
 @pytest.mark.parametrize("case", CASES)
 def test_disk_offloaded_from_pretrained_matches_the_plain_model(case, tmp_path):
     model = tiny_model(case)
@@ -86,7 +96,7 @@ def heldout_rows() -> dict[str, list[list[int]]]:
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("how", ["from_pretrained_disk", "disk_offload"])
+@pytest.mark.parametrize("how", [pytest.param("from_pretrained_disk", marks=WHOLE_DISK_MAP), "disk_offload"])
 def test_evaluation_sends_batches_to_the_execution_device_of_an_offloaded_model(case, how, tmp_path):
     # the first parameter of an offloaded model is on the meta device; batches sent there cannot run
     datasets = pytest.importorskip("datasets")

@@ -32,6 +32,8 @@ import yaml
 
 from zpx_hf.tokenization_bytes import VOCAB_SIZE
 
+from .package_data import data_folder, shipped_configs
+
 
 class ConfigError(ValueError):
     """A config file or command-line value is invalid; the message names the key and the fix."""
@@ -223,6 +225,22 @@ def config_init_keys(config_class: type) -> set[str]:
     return keys
 
 
+def resolve_config(path: str) -> str:
+    """`path` when it exists; else the config shipped with the package that it names without a folder
+    (`zpx-tiny` or `zpx-tiny.yaml`), so an installed package runs its configs from any folder; else
+    `ConfigError` listing the shipped names."""
+    if os.path.lexists(path):
+        return path
+    shipped = shipped_configs()
+    name = path.removesuffix(".yaml")
+    if "/" not in path and os.sep not in path and name in shipped:
+        return str(shipped[name])
+    raise ConfigError(
+        f"config file {path!r} does not exist; give a YAML file, or the name of a config that ships with zpx-hf: "
+        f"{', '.join(shipped)} (in {data_folder('configs')})."
+    )
+
+
 def read_yaml(path: str) -> dict[str, Any]:
     """The top-level mapping of a YAML file of at most `MAX_CONFIG_BYTES` UTF-8 bytes, without aliases or
     duplicate keys; `ConfigError` naming the file, line and fix otherwise."""
@@ -272,6 +290,7 @@ def parse_config_file(
 
     from .distributed import configure_launch
 
+    path = resolve_config(path)
     raw = read_yaml(path)
     top_fields = {f.name: cls for cls in tops for f in fields(cls) if f.init}
     valid_top = sorted(set(top_fields) | set(sections) | set(mappings))
@@ -476,5 +495,6 @@ __all__ = [
     "config_init_keys",
     "parse_config_file",
     "read_yaml",
+    "resolve_config",
     "unknown_key",
 ]

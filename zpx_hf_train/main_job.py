@@ -1,10 +1,12 @@
 """The README's main job: train zpx-tiny on embedded data on the CPU, evaluate, draw, save, reload, generate.
 
-    zpx-main   # configs/zpx-tiny.yaml -> runs/zpx-tiny (or python -m zpx_hf_train.main_job)
-    zpx-main --config configs/pct-tiny.yaml         # any family's config
+    zpx-main   # configs/zpx-tiny.yaml (shipped with the package) -> runs/zpx-tiny (or python -m zpx_hf_train.main_job)
+    zpx-main --config pct-tiny                      # any shipped config by name, or a YAML file
     zpx-main --threads 2                            # torch intra-op threads (default 1)
-    zpx-main --max_steps 50                         # extra flags go to zpx-train
+    zpx-main --max_steps 50                         # extra flags override the config (zpx-train's flags)
     zpx-main --summary benchmarks/results/main_job.md   # also write the README summary
+
+Flags that override the config are printed with the config's name and written into the summary's command.
 
 No network is used: the corpus is CPython's embedded docs, the tasks are generated in code, and the
 checkpoint is reloaded offline through `AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True)`
@@ -34,9 +36,10 @@ from pathlib import Path
 
 from .cli import EXIT_USAGE, HELP_FLAGS, guarded, usage_text
 from .data import TASK_SPECS, DataArguments
-from .train import REPO_ROOT, load_run_config, run_training
+from .package_data import data_folder
+from .train import config_name, load_run_config, run_training
 
-DEFAULT_CONFIG = REPO_ROOT / "configs" / "zpx-tiny.yaml"
+DEFAULT_CONFIG = "zpx-tiny.yaml"  # in the shipped configs/ (`zpx_hf_train.package_data`), whatever the folder
 PROMPT = 'The "if" statement'
 RELOAD_SCRIPT = """
 import json, sys
@@ -74,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(flag in HELP_FLAGS for flag in argv):
         print(usage_text(__doc__.split("\n\nNo network")[0]))
         return 0
-    own = {"--config": str(DEFAULT_CONFIG), "--threads": "1", "--summary": ""}
+    own = {"--config": "", "--threads": "1", "--summary": ""}
     for flag in own:
         if flag in argv:
             index = argv.index(flag)
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if not own["--threads"].isdigit() or int(own["--threads"]) < 1:
         print(f"zpx-main: config error: --threads {own['--threads']!r} must be a whole number >= 1.", file=sys.stderr)
         return EXIT_USAGE
-    config = own["--config"]
+    config = own["--config"] or str(data_folder("configs") / DEFAULT_CONFIG)
     started = time.time()
 
     import torch
@@ -106,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     code, run = guarded(lambda: load_run_config(config, flags), "zpx-main", reading_config=True)
     if run is None:
         return code
-    print(f"[1/3] training {run.model_config.model_type} from {config} ({threads} CPU thread{'s' * (threads != 1)})")
+    print(
+        f"[1/3] training {run.model_config.model_type} from {config_name(run.path)} ({threads} CPU "
+        f"thread{'s' * (threads != 1)})" + (f", overridden by {' '.join(argv)}" if argv else "")
+    )
     code, result = guarded(lambda: run_training(run), "zpx-main", run=run)
     if result is None:
         return code
@@ -158,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         f"total {total:.0f} s | checkpoint: {output_dir} (report.md, metrics.json, loss_curve.png, inspection/)"
     )
     if own["--summary"]:
-        write_summary(Path(own["--summary"]), config, run, result, total, threads, drift, reloaded["sample"], recall)
+        write_summary(Path(own["--summary"]), argv, run, result, total, threads, drift, reloaded["sample"], recall)
     return 0
 
 
@@ -204,7 +210,7 @@ def recall_sentence(recall: list[dict]) -> str:
 
 def write_summary(
     path: Path,
-    config: str,
+    flags: list[str],
     run,
     result: dict,
     total: float,
@@ -213,8 +219,8 @@ def write_summary(
     sample: str,
     recall: list[dict],
 ) -> None:
-    """The README's main-job section: command, machine, runtime, training mix, text metrics and what the model
-    learned of each recall task (against chance and the bar)."""
+    """The README's main-job section: command (with the `flags` that overrode the config), machine, runtime,
+    training mix, text metrics and what the model learned of each recall task (against chance and the bar)."""
     import platform
 
     import torch
@@ -228,10 +234,10 @@ def write_summary(
     params = sum(p.numel() for p in model.parameters())
     snippet = " ".join(sample.split())[:160]
     lines = [
-        f"Measured by `zpx-main --summary {path.as_posix()}` on "
+        f"Measured by `zpx-main --summary {' '.join([path.as_posix(), *flags])}` on "
         f"{time.strftime('%Y-%m-%d')} ({platform.machine()}, {os.cpu_count()} CPU cores, {threads} intra-op "
         f"thread{'s' * (threads != 1)}, torch {torch.__version__}, transformers {transformers.__version__}), "
-        f"config `{Path(config).relative_to(REPO_ROOT) if Path(config).is_absolute() else config}`, "
+        f"config `{config_name(run.path)}`, "
         f"{run.model_config.model_type} with {params:,} parameters:",
         "",
         f"- wall time {total:.0f} s in total (training {train.get('train_runtime', 0):.0f} s, "

@@ -3,7 +3,8 @@
 The card's metadata is a `huggingface_hub.ModelCardData` (license, tags, datasets, base model and a
 `model-index` of the measured metrics), read back through `ModelCard` before it is written so malformed
 metadata fails here rather than on the Hub. The body comes from `model_cards/<name>.md` (`${field}`
-placeholders). Report and card embed the loss curve (train and eval loss) and the pictures that
+placeholders; shipped as package data, `zpx_hf_train.package_data`), or the generic card, with a warning, for a
+name that has no template. Report and card embed the loss curve (train and eval loss) and the pictures that
 `zpx_hf_train.inspection` lists in `inspection/index.json`. Nothing written names an absolute local path;
 every file is written atomically (`zpx_hf_train.run_folder.atomic_write`).
 """
@@ -15,13 +16,14 @@ import json
 import math
 import os
 import string
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .package_data import data_folder
 from .run_folder import atomic_write
 
-MODEL_CARD_DIR = Path(__file__).resolve().parents[1] / "model_cards"
 LICENSE = "apache-2.0"
 
 GENERIC_CARD = """# ${model_name}
@@ -270,9 +272,13 @@ def render_model_card(template: str | None, context: Mapping[str, Any], data: An
 
 
 def model_card_template(name: str) -> str | None:
-    """`model_cards/<name>.md`, or None (the generic card) when there is no template of that name."""
-    path = MODEL_CARD_DIR / f"{name}.md"
-    return path.read_text(encoding="utf-8") if path.is_file() else None
+    """`model_cards/<name>.md`; None (the generic card), with a warning on stderr, when no template has that name."""
+    folder = data_folder("model_cards")
+    path = folder / f"{name}.md"
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    print(f"warning: no model-card template {name}.md in {folder}; the card is the generic one.", file=sys.stderr)
+    return None
 
 
 def card_data(

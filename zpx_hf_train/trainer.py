@@ -99,9 +99,10 @@ class GeometricTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self._sharded: _Sharded | None = None
 
-    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+    def init_hf_repo(self, *args: Any, **kwargs: Any) -> None:
+        # forwarded as given: transformers 5.17 takes `token` only, later releases also `private`
         try:
-            super().init_hf_repo(token=token, private=private)
+            super().init_hf_repo(*args, **kwargs)
         except Exception as error:  # network, login or permission: before any training
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             name = self.args.hub_model_id or Path(self.args.output_dir).name
