@@ -18,3 +18,24 @@ def tiny_llama_config(**overrides) -> LlamaConfig:
     )
     kwargs.update(overrides)
     return LlamaConfig(**kwargs)
+
+
+def float64_norms(model):
+    """`model` with every `LlamaRMSNorm` computing `w * x / sqrt(mean(x^2) + eps)` in the input dtype.
+
+    transformers' Llama rounds each norm's input to float32 (a float64 Llama is float32-accurate there), while the
+    families' norms keep float64; for comparisons at float64 precision the reference's norms keep it too (the same
+    formula; attention, rotary tables and MLP stay transformers' own)."""
+    import types
+
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    def forward(self, hidden_states):
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+    for module in model.modules():
+        if isinstance(module, LlamaRMSNorm):
+            module.forward = types.MethodType(forward, module)
+    return model
