@@ -18,6 +18,7 @@ from transformers import (
 from .configuration_pct import PCTConfig
 from .configuration_versor import VersorConfig
 from .configuration_zpx import ZPXConfig
+from .conversion_llama import convert_llama_to_zpx
 from .modeling_pct import PCTForCausalLM, PCTForSequenceClassification, PCTModel
 from .modeling_versor import VersorForCausalLM, VersorForSequenceClassification, VersorModel
 from .modeling_zpx import ZPXForCausalLM, ZPXForSequenceClassification, ZPXModel
@@ -62,4 +63,5 @@ __all__ = [
     "VersorForCausalLM",
     "VersorForSequenceClassification",
     "FAMILIES",
+    "convert_llama_to_zpx",
 ]
