@@ -5,11 +5,12 @@ learnable lambdas start at 0, receive a gradient there and move off it in traini
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import TINY_VOCAB, assert_close_eps
-from helpers_llama import TINY_LLAMA_SIZE, float64_norms
+from helpers_llama import TINY_LLAMA_SIZE, float64_norms, tiny_llama_config
 from helpers_remote import run_remote_code
 from transformers import (
     AutoTokenizer,
@@ -68,6 +69,7 @@ def save_source(name, folder, dtype=torch.float32, tokenizer=True, **overrides):
     return model.eval()
 
 
+MICRO = Path(__file__).resolve().parents[1] / "configs" / "test-micro.yaml"
 PROGRESS_BAR = re.compile(r"\d+/\d+ \[")  # transformers' tqdm bars (loading, writing shards) share stderr
 IDS = torch.randint(3, TINY_VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
 
@@ -230,3 +232,81 @@ def test_converted_lambdas_grow_from_zero_and_lower_the_loss(tmp_path):
     lambdas = torch.stack([layer.self_attn.lambda_angle_heads for layer in model.model.layers])
     assert lambdas.abs().min() > 1e-3  # every head moved off 0
     assert any(p.grad.abs().max() > 0 for p in attention.phase_encoder.parameters())  # and now the phases learn
+
+
+def converted_byte_llama(tmp_path):
+    """A tiny Llama on the byte tokenizer's vocabulary, converted: what `model.init_from` continues from."""
+    from zpx_hf.tokenization_bytes import VOCAB_SIZE
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(tiny_llama_config(vocab_size=VOCAB_SIZE, max_position_embeddings=128)).save_pretrained(
+        tmp_path / "llama"
+    )
+    build_byte_tokenizer().save_pretrained(tmp_path / "llama")
+    return convert_llama_to_zpx(tmp_path / "llama", tmp_path / "zpx", phase_channels=4)
+
+
+def init_from_config(tmp_path, model_lines):
+    text = MICRO.read_text()
+    model_section = text[text.index("model:\n") : text.index("data:\n")]
+    text = text.replace(model_section, "model:\n" + "".join(f"  {line}\n" for line in model_lines))
+    path = tmp_path / "run.yaml"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_zpx_train_continues_from_a_converted_checkpoint(tmp_path):
+    from zpx_hf_train.train import load_run_config, run_training
+    from zpx_hf_train.trainer import build_model
+
+    out = converted_byte_llama(tmp_path)
+    config_path = init_from_config(tmp_path, [f"init_from: {out}"])
+    flags = [
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--max_steps",
+        "3",
+        "--eval_strategy",
+        "no",
+        "--save_strategy",
+        "no",
+    ]
+    run = load_run_config(config_path, flags + ["--tasks", "mqar"])
+    assert run.model_config.learnable_lambdas and run.model_config.hidden_size == 32
+    model = build_model(run.model_config, None, run.mappings["model"]["init_from"]).eval()
+    ids = torch.randint(3, 260, (2, 16), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.equal(
+            model(input_ids=ids).logits, ZPXForCausalLM.from_pretrained(out).eval()(input_ids=ids).logits
+        )
+    result = run_training(run)
+    trained = ZPXForCausalLM.from_pretrained(result["output_dir"])
+    assert all(layer.self_attn.lambda_angle_heads.abs().min() > 0 for layer in trained.model.layers)
+
+
+def test_init_from_problems_are_named_before_training(tmp_path):
+    from zpx_hf_train.config import ConfigError
+    from zpx_hf_train.train import load_run_config, run_training
+
+    out = converted_byte_llama(tmp_path)
+    other = tmp_path / "other"
+    save_source("llama", other, tokenizer=False)
+    AutoTokenizer.from_pretrained(out).save_pretrained(other)
+    (other / "tokenizer.json").write_text((other / "tokenizer.json").read_text().replace('"<pad>"', '"<PAD>"'))
+    convert_llama_to_zpx(other, tmp_path / "other-zpx")
+    cases = [
+        ([f"init_from: {tmp_path / 'missing'}"], "no config.json"),
+        ([f"init_from: {tmp_path / 'llama'}"], "holds a 'llama' checkpoint"),
+        ([f"init_from: {tmp_path / 'other-zpx'}"], "another tokenizer"),
+        ([f"init_from: {out}", "lambda_angle: .nan"], "lambda_angle"),
+    ]
+    for lines, match in cases:
+        with pytest.raises(ConfigError, match="model") as error:
+            load_run_config(init_from_config(tmp_path, lines), ["--output_dir", str(tmp_path / "run")])
+        assert match in str(error.value)
+    run = load_run_config(
+        init_from_config(tmp_path, [f"init_from: {out}", "phase_channels: 8"]),
+        ["--output_dir", str(tmp_path / "run2"), "--max_steps", "1"],
+    )
+    with pytest.raises(ConfigError, match="does not fit the model config"):
+        run_training(run)
