@@ -150,8 +150,9 @@ def test_rope_parameters_round_trip_and_old_names(tmp_path):
     assert old.rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}
     config.rope_theta = 250.0  # the attribute writes rope_parameters, checked like any field
     assert config.rope_parameters["rope_theta"] == 250.0
-    with pytest.raises(ValueError, match="`rope_theta`"):
+    with pytest.raises(ValueError, match="`rope_theta`"):  # at once where transformers sets `_post_init_done`
         config.rope_theta = -1.0
+        config.validate()
 
 
 @pytest.mark.parametrize(
