@@ -78,6 +78,10 @@ class SpiralRotaryEmbedding(nn.Module):
         if self.rope_type != "default":
             if rotary != "rope":
                 raise ValueError(f"rope_type={self.rope_type!r} scales plain RoPE only (rotary={rotary!r}).")
+            if config.head_dim != head_dim:  # transformers' rope functions size omega from config.head_dim
+                raise ValueError(
+                    f"rope_type={self.rope_type!r} needs the rotary width to be head_dim={config.head_dim}."
+                )
             _, self.attention_scaling = ROPE_INIT_FUNCTIONS[self.rope_type](config, None)
             # transformers' `dynamic_rope_update` state: the length the "dynamic" frequencies were grown for
             self.original_max_seq_len = self.max_seq_len_cached = config.max_position_embeddings
