@@ -230,6 +230,7 @@ def model_card(source: Path, source_config: Any, config: ZPXConfig, added: list[
     """What a converted checkpoint is: its source, what is exact, what is new and learned."""
     architecture = source_config.architectures[0]
     new = sorted({key.split(".layers.", 1)[-1].split(".", 1)[-1].removesuffix(".weight") for key in added})
+    learned = "; per-head lambdas trained from 0" if config.learnable_lambdas else ""
     zero_bias = "; the source has no `o_proj` bias: it starts at 0" if "self_attn.o_proj.bias" in new else ""
     return f"""---
 library_name: transformers
@@ -252,7 +253,7 @@ Converted with zpx-hf `zpx-convert` from the checkpoint at `{source}` ({architec
 - **Kept** from the source: embeddings, q/k/v/o projections and their biases, the SwiGLU MLP, the RMS norms, the
   LM head, the tokenizer and generation settings.
 - **New**: {", ".join(f"`{name}`" for name in new)} (the phase encoder with {config.phase_channels} channels per head,
-  initialised as in a new ZPX model{"; per-head lambdas trained from 0" if config.learnable_lambdas else ""}{zero_bias}).
+  initialised as in a new ZPX model{learned}{zero_bias}).
   At lambdas 0 the phase encoder changes nothing and receives no gradient until the lambdas move off 0.
 
 Load with `AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)`, or continue training with
