@@ -13,6 +13,7 @@ from conftest import TINY_VOCAB, assert_close_eps
 from helpers_llama import TINY_LLAMA_SIZE, float64_norms, tiny_llama_config
 from helpers_remote import run_remote_code
 from transformers import (
+    AttentionInterface,
     AutoTokenizer,
     LlamaConfig,
     LlamaForCausalLM,
@@ -21,6 +22,8 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from zpx_hf import PCTConfig, PCTForCausalLM, ZPXConfig, ZPXForCausalLM, convert_llama_to_zpx
 from zpx_hf.conversion_llama import ConversionError
@@ -169,6 +172,11 @@ def test_other_architectures_and_bad_folders_are_refused(tmp_path, capsys):
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
+ENGINE = "zpx_test_conversion_sdpa"  # a softmax engine of transformers' global registry: its own SDPA
+AttentionInterface.register(ENGINE, sdpa_attention_forward)
+AttentionMaskInterface.register(ENGINE, sdpa_mask)
+
+
 def tiny_zpx(**overrides):
     kwargs = dict(vocab_size=TINY_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
     kwargs.update(num_attention_heads=2, phase_channels=4, lambda_angle=0.75, lambda_sphere=-0.5)
@@ -204,8 +212,9 @@ def test_learnable_lambdas_compute_the_fixed_lambdas_model_on_every_path():
             layer.self_attn.lambda_sphere_heads.copy_(torch.tensor([1.5, 0.25]))
         learned.set_attn_implementation("eager")
         eager = learned(input_ids=IDS).logits
-        learned.set_attn_implementation("sdpa")
-        assert_close_eps(learned(input_ids=IDS).logits, eager, ulps=64)
+        for implementation in ("sdpa", ENGINE):  # ZPX's fast forms; a softmax engine on q^ . k^
+            learned.set_attn_implementation(implementation)
+            assert_close_eps(learned(input_ids=IDS).logits, eager, ulps=64)
         assert (eager - fixed(input_ids=IDS).logits).abs().max() > 1e-3
 
 
