@@ -19,6 +19,7 @@ from transformers import (
 from .configuration_pct import PCTConfig
 from .configuration_versor import VersorConfig
 from .configuration_zpx import ZPXConfig
+from .conversion_llama import convert_llama_to_zpx
 from .integration_imports import after_import
 from .modeling_pct import PCTForCausalLM, PCTForSequenceClassification, PCTModel
 from .modeling_versor import VersorForCausalLM, VersorForSequenceClassification, VersorModel
@@ -64,4 +65,5 @@ __all__ = [
     "VersorForCausalLM",
     "VersorForSequenceClassification",
     "FAMILIES",
+    "convert_llama_to_zpx",
 ]

@@ -8,18 +8,25 @@ checks are data: each config class lists its fields' rules in `field_rules` (`Ru
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
 import inspect
 import math
 import warnings
+from collections.abc import Iterator
 from typing import Any, ClassVar, NamedTuple
 
 import torch
 from transformers import GenerationConfig, PretrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 ROTARY_TYPES = ("srpe", "rope", "none")
+# transformers' rope types (`rope_parameters["rope_type"]`): "default" plus every `ROPE_INIT_FUNCTIONS` entry of the
+# installed version (5.17 to 5.25: linear, dynamic, yarn, longrope, llama3, proportional)
+ROPE_TYPES = ("default", *ROPE_INIT_FUNCTIONS)
+DEFAULT_ROPE_THETA = 10000.0
 # Rotary tables and masks are sized by the context length; beyond this a config is a typo, not a model.
 MAX_POSITION_LIMIT = 1 << 24
 # GeometricConfig's default max_position_embeddings (also PCT's version-1 gate-bias length, configuration_pct)
@@ -180,6 +187,36 @@ def warn_unknown_fields(config_class: type, kwargs: dict[str, Any]) -> None:
         )
 
 
+def rope_parameters_from(
+    rope_parameters: dict[str, Any] | None, rope_theta: float | None, rope_scaling: dict[str, Any] | None
+) -> dict[str, Any]:
+    """transformers' `rope_parameters` from a config's arguments: the mapping (or its older name `rope_scaling`,
+    as transformers reads it) and `rope_theta`, which configs saved before rope types held at the top level."""
+    if rope_parameters is not None and rope_scaling is not None and rope_scaling != rope_parameters:
+        _fail("rope_scaling", rope_scaling, f"it is the older name of rope_parameters={rope_parameters!r}; give one.")
+    given = rope_parameters if rope_parameters is not None else rope_scaling
+    if given is not None and not isinstance(given, dict):
+        _fail("rope_parameters", given, "expected a mapping such as {'rope_type': 'default', 'rope_theta': 1e4}.")
+    params = dict(given or {})  # a copy: transformers' standardisation writes into it
+    if rope_theta is not None:
+        if params.setdefault("rope_theta", rope_theta) != rope_theta:
+            _fail("rope_theta", rope_theta, f"rope_parameters gives rope_theta={params['rope_theta']!r}; give one.")
+    params.setdefault("rope_type", params.get("type", "default"))
+    params.setdefault("rope_theta", DEFAULT_ROPE_THETA)
+    return params
+
+
+@contextlib.contextmanager
+def rope_errors_named(params: dict[str, Any]) -> Iterator[None]:
+    """transformers' rope validation raises `KeyError` for a missing key: a `ValueError` naming the field instead."""
+    try:
+        yield
+    except KeyError as error:
+        if "rope_parameters" not in str(error):
+            raise
+        _fail("rope_parameters", params, f"{error.args[0]}.")
+
+
 class GeometricConfig(PretrainedConfig):
     """Fields shared by all three families (Llama names where the meaning is the same).
 
@@ -195,7 +232,12 @@ class GeometricConfig(PretrainedConfig):
             length: PCT's gate bias reads `train_context_length` instead). Longer inputs raise when
             `allow_longer_positions=False`; otherwise (the default) SRPE/RoPE tables are extended on demand.
         rotary: `"srpe"` (spiral rotary, docs/design.md §2), `"rope"` (plain RoPE) or `"none"`.
-        rope_theta: base `theta0` of the rotary frequencies `omega_j = theta0 ** (-2j / d_h)`.
+        rope_parameters: transformers' `RopeParameters` (validated by transformers): `rope_theta`, the base
+            `theta0` of `omega_j = theta0 ** (-2j / d_h)`, and `rope_type`, one of `ROPE_TYPES` ("default", or a
+            scaling transformers computes: linear, dynamic, yarn, longrope, llama3, ...) with its fields. Scaled
+            types need `rotary="rope"` (docs/design.md §2.5). Also read under its older name `rope_scaling`.
+        rope_theta: configs written before `rope_parameters` kept `theta0` here; it is read into
+            `rope_parameters["rope_theta"]` (and `config.rope_theta` reads and writes it there).
         srpe_k: spiral divisor `k_s`; the winding angle is `p * omega_j * (1 + 1/k_s)`. `None` means
             `1/k_s = 0` (no second winding). Must be > 2^-24 (k_s <= 0 cancels or reverses the rotation).
         srpe_a: radial amplitude `a_s` of `r_j(p) = 1 + a_s * sin(p * f_s * omega_j)`.
@@ -218,7 +260,8 @@ class GeometricConfig(PretrainedConfig):
         max_position_embeddings: int = DEFAULT_MAX_POSITION_EMBEDDINGS,
         allow_longer_positions: bool = True,
         rotary: str = "srpe",
-        rope_theta: float = 10000.0,
+        rope_parameters: dict[str, Any] | None = None,
+        rope_theta: float | None = None,
         srpe_k: float | None = 8.0,
         srpe_a: float = 0.1,
         srpe_f: float = 0.01,
@@ -242,7 +285,7 @@ class GeometricConfig(PretrainedConfig):
         self.max_position_embeddings = max_position_embeddings
         self.allow_longer_positions = allow_longer_positions
         self.rotary = rotary
-        self.rope_theta = rope_theta
+        self.rope_parameters = rope_parameters_from(rope_parameters, rope_theta, kwargs.pop("rope_scaling", None))
         self.srpe_k = srpe_k
         self.srpe_a = srpe_a
         self.srpe_f = srpe_f
@@ -262,13 +305,20 @@ class GeometricConfig(PretrainedConfig):
         for field in ("dtype", "torch_dtype"):
             check_dtype_name(field, kwargs.get(field))
         self.layer_types = ["full_attention"] * num_hidden_layers
-        super().__init__(
-            pad_token_id=pad_token_id,
-            bos_token_id=bos_token_id,
-            eos_token_id=eos_token_id,
-            tie_word_embeddings=tie_word_embeddings,
-            **kwargs,
-        )
+        self.check_rope_parameters(with_transformers=False)  # transformers' own validation runs in its __init__
+        # ... where (5.25) it refuses an odd head_dim even without rotary tables: hidden from it for rotary="none"
+        head_dim = self.head_dim
+        if rotary == "none":
+            self.head_dim = None
+        with rope_errors_named(self.rope_parameters):
+            super().__init__(
+                pad_token_id=pad_token_id,
+                bos_token_id=bos_token_id,
+                eos_token_id=eos_token_id,
+                tie_word_embeddings=tie_word_embeddings,
+                **kwargs,
+            )
+        self.head_dim = head_dim
         self.validate()
 
     @staticmethod
@@ -334,6 +384,21 @@ class GeometricConfig(PretrainedConfig):
         """Raise `ValueError` naming the first invalid field."""
         self.check_fields()
         check_token_ids(self.vocab_size, {field: getattr(self, field, None) for field in TOKEN_ID_FIELDS})
+        self.check_rope_parameters()
+        self._validate_family()
+
+    @property
+    def rope_theta(self) -> float:
+        """`rope_parameters["rope_theta"]`, the base `theta0` of the rotary frequencies."""
+        return self.rope_parameters["rope_theta"]
+
+    @rope_theta.setter
+    def rope_theta(self, value: float) -> None:
+        self.rope_parameters["rope_theta"] = value
+
+    def check_rope_parameters(self, with_transformers: bool = True) -> None:
+        """`rope_parameters` in transformers' format, checked for what the rotary modules compute (a known rope type,
+        the whole head rotated, scalings only on plain RoPE) and by transformers (`validate_rope`)."""
         if self.rotary != "none" and self.rotary_dim % 2 != 0:
             _fail(
                 "head_dim",
@@ -341,7 +406,36 @@ class GeometricConfig(PretrainedConfig):
                 f"rotary={self.rotary!r} rotates pairs of features, so head_dim must be even; "
                 "change hidden_size/num_attention_heads (or head_dim), or set rotary='none'.",
             )
-        self._validate_family()
+        params = self.rope_parameters
+        if not isinstance(params, dict) or any(isinstance(value, dict) for value in params.values()):
+            _fail(
+                "rope_parameters", params, "expected one mapping such as {'rope_type': 'default', 'rope_theta': 1e4}."
+            )
+        rope_type = params.get("rope_type")
+        if rope_type not in ROPE_TYPES:
+            _fail("rope_parameters", params, f"rope_type must be one of transformers' rope types {list(ROPE_TYPES)}.")
+        if params.get("partial_rotary_factor", 1.0) != 1.0 and rope_type != "proportional":
+            _fail(
+                "rope_parameters",
+                params,
+                "partial_rotary_factor must be 1 (the rotary tables rotate every pair of the head); "
+                "rope_type='proportional' is the type that leaves a part of the head unrotated.",
+            )
+        if rope_type != "default" and self.rotary != "rope":
+            _fail(
+                "rope_parameters",
+                params,
+                f"rope_type={rope_type!r} scales RoPE's frequencies and needs rotary='rope' (rotary={self.rotary!r}"
+                + (
+                    ": SRPE's winding and radial terms have no scaled form, docs/design.md §2.5)."
+                    if self.rotary == "srpe"
+                    else " has no rotary tables to scale)."
+                ),
+            )
+        if with_transformers and self.rotary != "none":  # without rotary tables there is nothing to validate
+            with rope_errors_named(params):
+                self.standardize_rope_params()
+                self.validate_rope()
 
     @property
     def rotary_dim(self) -> int:

@@ -20,6 +20,10 @@ class ZPXConfig(GeometricConfig):
         lambda_sphere: weight of `mean_c <s_i, s_j>` (Riemann-sphere kernel). `|lambda_angle| + |lambda_sphere|`
             must stay <= 65504 (float16's maximum: past it the score is inf in a half-precision model).
         max_log_radius: `R` in `log_r = R tanh(W_r h / R)`.
+        learnable_lambdas: per-head `lambda_angle` and `lambda_sphere` as trained parameters (`self_attn.
+            lambda_angle_heads`, `lambda_sphere_heads` [H]) starting at the two values above. At 0 the model is
+            softmax attention exactly and the weights still receive a gradient, so the geometric terms can grow
+            from zero (the start of a converted Llama, `conversion_llama.py`).
         center_loss_weight: weight of the centre-cancellation loss added to the LM loss.
         attention_bias: biases on q/k/v/o projections.
         phase_bias: biases on the phase encoder's `to_log_r`, `to_theta`, `to_b`.
@@ -52,6 +56,7 @@ class ZPXConfig(GeometricConfig):
         phase_channels: int = 8,
         lambda_angle: float = 1.0,
         lambda_sphere: float = 1.0,
+        learnable_lambdas: bool = False,
         max_log_radius: float = 4.0,
         center_loss_weight: float = 0.0,
         attention_bias: bool = False,
@@ -62,6 +67,7 @@ class ZPXConfig(GeometricConfig):
         self.phase_channels = phase_channels
         self.lambda_angle = lambda_angle
         self.lambda_sphere = lambda_sphere
+        self.learnable_lambdas = learnable_lambdas
         self.max_log_radius = max_log_radius
         self.center_loss_weight = center_loss_weight
         self.attention_bias = attention_bias
@@ -93,6 +99,7 @@ class ZPXConfig(GeometricConfig):
         # held in the fast form's query features (lambda / C) cos phi, (lambda / C) s: see LOGIT_SCALE_LIMIT
         "lambda_angle": Rule("float", minimum=-LOGIT_SCALE_LIMIT, maximum=LOGIT_SCALE_LIMIT, why=_WHY),
         "lambda_sphere": Rule("float", minimum=-LOGIT_SCALE_LIMIT, maximum=LOGIT_SCALE_LIMIT, why=_WHY),
+        "learnable_lambdas": Rule("bool"),
         "max_log_radius": Rule("float", positive=True),
         "center_loss_weight": Rule("float", minimum=0.0),
         "attention_bias": Rule("bool"),

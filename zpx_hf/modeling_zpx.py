@@ -28,6 +28,7 @@ from .modeling_blocks import (
     RMSNorm,
     SwiGLUMLP,
     derived_weights_kept,
+    hf_init,
     kept_linear,
     plain_linears,
     stacked_linear,
@@ -42,6 +43,7 @@ from .modeling_common import (
     attention_implementation,
     trim_static_cache,
 )
+from .ops_common import PHASE_FEATURES
 from .ops_zpx import (
     PhaseState,
     augment_query,
@@ -49,6 +51,7 @@ from .ops_zpx import (
     phase_from_stacked,
     phase_key_features,
     phase_tensor,
+    resolve_kernel,
     zpx_attention,
 )
 from .rotary_srpe import apply_rotary, build_rotary
@@ -71,6 +74,11 @@ def zpx_attention_forward(
     """The family's own implementations in the standard signature: q [B, H, Lq, d], k^ [B, H, Lk, d + 5C], v, the
     padding mask [B, Lk] bool (or None), and the queries' phase features; the lambdas and causality from the module.
     Other kwargs (a softmax engine's metadata) are not the family's."""
+    lambda_angle, lambda_sphere = module.lambda_angle, module.lambda_sphere
+    if module.learnable_lambdas:
+        query_features, lambda_angle, lambda_sphere = module.head_lambdas(
+            query_features, resolve_kernel(kernel, query, dropout)
+        )
     return zpx_attention(
         query,
         key,
@@ -79,8 +87,8 @@ def zpx_attention_forward(
         key_padding_mask=attention_mask,
         causal=module.is_causal,
         scaling=scaling,
-        lambda_angle=module.lambda_angle,
-        lambda_sphere=module.lambda_sphere,
+        lambda_angle=lambda_angle,
+        lambda_sphere=lambda_sphere,
         dropout=dropout,
         document_ids=document_ids,
         kernel=kernel,
@@ -215,6 +223,10 @@ class ZPXAttention(nn.Module):
         self.is_causal = config.causal
         self.lambda_angle = config.lambda_angle
         self.lambda_sphere = config.lambda_sphere
+        self.learnable_lambdas = config.learnable_lambdas
+        if config.learnable_lambdas:  # per head, from the config's values (`_init_weights`); see `head_lambdas`
+            self.lambda_angle_heads = nn.Parameter(torch.full((self.num_heads,), float(config.lambda_angle)))
+            self.lambda_sphere_heads = nn.Parameter(torch.full((self.num_heads,), float(config.lambda_sphere)))
         self.attention_dropout = config.attention_dropout
         inner = self.num_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, inner, bias=config.attention_bias)
@@ -292,6 +304,19 @@ class ZPXAttention(nn.Module):
         output = projected if projected is not None else self.o_proj(output)
         return output, weights, phase
 
+    def head_lambdas(self, query_features: torch.Tensor, kernel: str) -> tuple[torch.Tensor, Any, Any]:
+        """The learned per-head lambdas in the form `kernel` takes: `(query_features, lambda_angle, lambda_sphere)`.
+
+        The term-by-term `naive` kernel broadcasts lambda [H, 1, 1] over its [B, H, Lq, Lk] angle and sphere terms;
+        the others read the query's phase features only linearly (q^ = [q, (la/C) cos phi, (la/C) sin phi, (ls/C) s]),
+        so the features are scaled per head ([la_h] * 2C + [ls_h] * 3C) and the kernel's lambdas are 1."""
+        angle, sphere = self.lambda_angle_heads, self.lambda_sphere_heads
+        if kernel == "naive":
+            return query_features, angle[:, None, None], sphere[:, None, None]
+        channels = query_features.shape[-1] // PHASE_FEATURES
+        gains = torch.cat((angle[:, None].expand(-1, 2 * channels), sphere[:, None].expand(-1, 3 * channels)), -1)
+        return query_features * gains[:, None, :].to(query_features.dtype), 1.0, 1.0
+
     def engine_inputs(
         self, query: torch.Tensor, key_aug: torch.Tensor, value: torch.Tensor, features: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -299,9 +324,10 @@ class ZPXAttention(nn.Module):
         exactly, for q^ = [q, (la / (C scaling)) cos phi, (la / (C scaling)) sin phi, (ls / (C scaling)) s] and
         k^ = [k, cos, sin, s]; q^, k^ and v zero-padded to `config.engine_head_dim` (zero columns add nothing to
         q^ . k^ and give zero outputs, dropped by the caller)."""
-        query_aug = augment_query(
-            query, features, 1.0, self.lambda_angle / self.scaling, self.lambda_sphere / self.scaling
-        )
+        lambda_angle, lambda_sphere = self.lambda_angle, self.lambda_sphere
+        if self.learnable_lambdas:
+            features, lambda_angle, lambda_sphere = self.head_lambdas(features, "engine")
+        query_aug = augment_query(query, features, 1.0, lambda_angle / self.scaling, lambda_sphere / self.scaling)
         width = self.config.engine_head_dim
         return tuple(
             x if x.shape[-1] == width else F.pad(x, (0, width - x.shape[-1])) for x in (query_aug, key_aug, value)
@@ -337,6 +363,12 @@ class ZPXPreTrainedModel(GeometricPreTrainedModel):
     _supports_attention_backend = True
     _supports_flash_attn = True
     _supports_flex_attn = True
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, ZPXAttention) and module.learnable_lambdas:
+            hf_init.constant_(module.lambda_angle_heads, self.config.lambda_angle)
+            hf_init.constant_(module.lambda_sphere_heads, self.config.lambda_sphere)
 
 
 class ZPXModel(GeometricModel, ZPXPreTrainedModel):

@@ -436,7 +436,7 @@ def build_model_config(
     attn_implementation: str | None = None,
 ) -> Any:
     """The family config from `model_type` + the `model:` mapping, checked with `attn_implementation`; every
-    error names its key."""
+    error names its key. With `model.init_from: PATH` it is PATH's config, the mapping's other keys applied."""
     from transformers import CONFIG_MAPPING
 
     import zpx_hf
@@ -451,12 +451,18 @@ def build_model_config(
     config_class = CONFIG_MAPPING[model_type]
     valid = sorted(config_init_keys(config_class))
     for key in kwargs:
-        if key not in valid:
-            raise unknown_key(path, "model.", key, valid)
+        if key not in valid and key != "init_from":
+            raise unknown_key(path, "model.", key, valid + ["init_from"])
     if seq_len and "train_context_length" in valid and "train_context_length" not in kwargs:
         kwargs = {**kwargs, "train_context_length": seq_len}  # PCT: b_h = -log(the data's training length)
+    init_from = kwargs.get("init_from")
+    kwargs = {key: value for key, value in kwargs.items() if key != "init_from"}
     try:
-        config = config_class(**kwargs)
+        if init_from is None:
+            config = config_class(**kwargs)
+        else:  # the checkpoint's config, the mapping's keys applied and the result checked as a whole
+            config = config_class.from_pretrained(init_from_folder(path, init_from, model_type), **kwargs)
+            config.validate()
     except (TypeError, ValueError) as error:
         raise ConfigError(f"{path}: section `model`: {' '.join(str(error).split())}") from error
     vocab = getattr(config, "vocab_size", None)
@@ -467,6 +473,40 @@ def build_model_config(
     check_positions(path, config, seq_len)
     check_attn_implementation(path, config, attn_implementation)
     return config
+
+
+def init_from_folder(path: str, init_from: Any, model_type: str) -> str:
+    """`model.init_from`: a local checkpoint of the `model_type` family (e.g. one `zpx-convert` wrote) whose
+    tokenizer, if it has one, is zpx-train's byte tokenizer (the data is tokenized with that one)."""
+    import warnings
+
+    from zpx_hf.tokenization_bytes import build_byte_tokenizer
+
+    folder = Path(str(init_from))
+    if not isinstance(init_from, str) or not (folder / "config.json").is_file():
+        raise ConfigError(f"{path}: key `model.init_from` = {init_from!r} is not a checkpoint folder (no config.json).")
+    saved_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    if saved_type != model_type:
+        raise ConfigError(
+            f"{path}: key `model.init_from` = {init_from!r} holds a {saved_type!r} checkpoint; set model_type: "
+            f"{saved_type} (or convert it first: zpx-convert)."
+        )
+    if (folder / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        saved = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json")).get_vocab()
+        if saved != build_byte_tokenizer().get_vocab():
+            raise ConfigError(
+                f"{path}: key `model.init_from` = {init_from!r} has another tokenizer than zpx-train's byte "
+                "tokenizer, which the training data is tokenized with; start from a model trained on byte tokens."
+            )
+    else:
+        warnings.warn(
+            f"model.init_from = {init_from!r} has no tokenizer.json: zpx-train assumes it was trained on the byte "
+            "tokenizer's ids.",
+            stacklevel=2,
+        )
+    return str(folder)
 
 
 def check_positions(path: str, config: Any, seq_len: int | None) -> None:

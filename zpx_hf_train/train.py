@@ -79,7 +79,7 @@ def run_training(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
         datasets = build_datasets(data)
         tokenizer = build_byte_tokenizer(model_max_length=data.seq_len)
         set_seed(training_args.seed)
-        model = build_model(run.model_config, model_args.attn_implementation)
+        model = build_model(run.model_config, model_args.attn_implementation, run.mappings["model"].get("init_from"))
         trainer = build_trainer(model, tokenizer, training_args, datasets["train"], datasets["eval"], callbacks)
         train_metrics = train_and_save(trainer, folders)
         per_rank = gather_objects(local_parameter_count(trainer.model))

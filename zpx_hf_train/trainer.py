@@ -166,12 +166,34 @@ class GeometricTrainer(Trainer):
             }
 
 
-def build_model(model_config: Any, attn_implementation: str | None = None) -> Any:
-    """A freshly initialised causal LM of the config's family (seeded by the caller)."""
+def build_model(model_config: Any, attn_implementation: str | None = None, init_from: str | None = None) -> Any:
+    """A freshly initialised causal LM of the config's family (seeded by the caller), or the checkpoint `init_from`
+    (`model.init_from`) with `model_config`, in float32, every weight loaded (else `ConfigError` naming one)."""
     from transformers import AutoModelForCausalLM
 
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    return AutoModelForCausalLM.from_config(model_config, **kwargs)
+    if init_from is None:
+        return AutoModelForCausalLM.from_config(model_config, **kwargs)
+    fix = "drop the model: keys that change the weights"
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            init_from, config=model_config, dtype=torch.float32, output_loading_info=True, **kwargs
+        )
+    except RuntimeError as error:  # transformers raises on weights whose shapes differ from the config's
+        if "mismatched" not in str(error):
+            raise
+        raise ConfigError(
+            f"key `model.init_from` = {init_from!r}: the checkpoint does not fit the model config (weight shapes "
+            f"differ); {fix}."
+        ) from error
+    problems = [(kind, keys) for kind, keys in info.items() if keys and kind != "error_msgs"]
+    if problems:
+        kind, keys = problems[0]
+        raise ConfigError(
+            f"key `model.init_from` = {init_from!r}: the checkpoint does not fit the model config ({kind}: "
+            f"{sorted(keys)[0]}{f' and {len(keys) - 1} more' if len(keys) > 1 else ''}); {fix}."
+        )
+    return model
 
 
 def build_trainer(
