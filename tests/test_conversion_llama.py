@@ -1,4 +1,4 @@
-"""`zpx-convert` (zpx_hf/conversion_llama.py, docs/design.md §3.8): a Llama, Mistral or Qwen2 checkpoint built with
+"""`zpx-convert` (zpx_hf/conversion_llama.py, docs/design.md §3.9): a Llama, Mistral or Qwen2 checkpoint built with
 transformers' own classes becomes a ZPX checkpoint with the source's logits (float64 within 1e-10, float32 within
 rounding, greedy generation identical); whatever the map cannot carry is refused in one line naming it; the
 learnable lambdas start at 0, receive a gradient there and move off it in training."""

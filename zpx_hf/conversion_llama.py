@@ -4,7 +4,7 @@ ZPX with both lambdas 0 and `rotary="rope"` is softmax attention with RoPE (docs
 the source keeps its place and meaning: embeddings, q/k/v/o projections (and their biases), the SwiGLU MLP, the
 RMS norms and the LM head, with the source's `rope_parameters`. What ZPX adds starts where it changes nothing: the
 phase encoder is initialised as in a new model and the per-head lambdas (`learnable_lambdas`) start at 0, where
-the score is the source's and the lambdas still receive a gradient (docs/design.md §3.8).
+the score is the source's and the lambdas still receive a gradient (docs/design.md §3.9).
 
     convert_llama_to_zpx("path/to/llama", "path/to/zpx")      # or: zpx-convert path/to/llama path/to/zpx
 
