@@ -1,33 +1,64 @@
 """The evidence suite's machinery: statistics against scipy / hand-computed values, the plan (lr selection on
 validation, stage order, resume), per-example hits, provenance, and one tiny end-to-end run."""
 
+import ast
 import json
 import math
-import types
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers_benchmarks import load_benchmark
+
+from benchmarks.evidence import models, plan, protocol, report, runs, stats, suite, tasks, training
+from benchmarks.evidence.rows import append_row, provenance, read_rows
+from benchmarks.evidence.sizes import SIZES
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+EVIDENCE = SIZES["evidence"]
 
 
-load_benchmark("measure")
-stats = load_benchmark("ablation_stats")
-models = load_benchmark("ablation_models")
-report = load_benchmark("ablation_report")
-load_benchmark("ablation_nbody")  # imported by ablation_runs and ablation
-runs = load_benchmark("ablation_runs")
-plan = load_benchmark("ablation_plan")
-ablation = load_benchmark("ablation")
+# ---- the package -------------------------------------------------------------------------------------------
 
-EVIDENCE = ablation.SIZES["evidence"]
+# benchmarks/evidence/ bottom up (the package docstring's order): a module imports only modules before it here
+LAYERS = (
+    *("protocol", "rows", "stats", "training", "nbody", "tasks"),
+    *("models", "runs", "sizes", "plan", "report", "suite"),
+)
+TOOLS = ("calibrate", "nbody_study", "pct_defaults", "__main__")  # entry points: nothing imports them
+
+
+def package_imports(path: Path) -> tuple[set[str], list[str]]:
+    """(modules of benchmarks.evidence that `path` imports at its top, names of those imported inside a function)."""
+    tree = ast.parse(path.read_text())
+    top, nested = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("benchmarks.evidence"):
+            names = [node.module[len("benchmarks.evidence.") :]] if node.module != "benchmarks.evidence" else []
+            names += [a.name for a in node.names if node.module == "benchmarks.evidence"]
+        elif isinstance(node, ast.Import):
+            names = [a.name[len("benchmarks.evidence.") :] for a in node.names if a.name.startswith("benchmarks.")]
+        else:
+            continue
+        (top.update if node in tree.body else nested.extend)(n for n in names if n)
+    return top, nested
+
+
+def test_the_package_imports_flow_one_way():
+    folder = BENCH / "evidence"
+    assert {p.stem for p in folder.glob("*.py")} == {*LAYERS, *TOOLS, "__init__"}
+    for path in folder.glob("*.py"):
+        top, nested = package_imports(path)
+        assert not nested, f"{path.name} imports {nested} inside a function"
+        if path.stem in LAYERS:
+            below = set(LAYERS[: LAYERS.index(path.stem)])
+            assert top <= below, f"{path.name} imports {sorted(top - below)}, not below it in {LAYERS}"
+        assert not top & set(TOOLS), f"{path.name} imports a tool"
 
 
 # ---- the running suite's protocol ---------------------------------------------------------------------------
 
-# What the rows of benchmarks/results/ablation_evidence.jsonl are matched by (ablation_plan.index_rows): a change to
+# What the rows of benchmarks/results/ablation_evidence.jsonl are matched by (plan.index_rows): a change to
 # a budget or the protocol id reruns its cells and drops every finished row from the tables. Change these only
 # together with a new protocol id.
 EVIDENCE_FINGERPRINTS = {
@@ -53,7 +84,7 @@ def test_the_evidence_protocol_budgets_and_plan_are_those_its_rows_ran():
     assert [(c.name, c.task, c.seeds, c.tier) for c in cells] == expected
     # the committed rows of this protocol are all current (none silently superseded), except the `pct` rows of
     # PCT's defaults version 2 (no variant revision), superseded by revision 3 and listed as such
-    rows = ablation.read_rows(BENCH / "results" / "ablation_evidence.jsonl")
+    rows = read_rows(BENCH / "results" / "ablation_evidence.jsonl")
     ours = [r for r in rows if r.get("protocol") == EVIDENCE.protocol]
     current = [r for r in ours if not (r["variant"] == "pct" and "variant_revision" not in r)]
     assert ours and len(_done(ours)) == len({plan.job_of(r, EVIDENCE) for r in current})
@@ -114,7 +145,7 @@ def test_bits_round_trip_and_bootstrap_interval():
 
 
 def _row(variant, task, seed, lr, value, status="ok", **extra):
-    key = runs.SELECTION[task][0]
+    key = protocol.SELECTION[task][0]
     row = {"variant": variant, "task": task, "seed": seed, "lr": lr, "status": status, "protocol": EVIDENCE.protocol}
     row["budget"] = EVIDENCE.budgets[task].fingerprint()
     if models.variant_revision(variant) is not None:
@@ -184,10 +215,9 @@ def test_pct_tuned_selects_over_scale_options_and_shares_runs_with_pct(monkeypat
 
 
 def test_every_variant_and_tuned_group_has_a_report_label():
-    # the medium-protocol tables call report.label(variant) for every variant run (--size small runs them all)
-    assert set(models.VARIANTS) <= set(report.VARIANT_LABELS)
-    assert set(plan.TUNED_GROUPS) <= set(report.EVIDENCE_LABELS)
-    assert report.label("pct_tau_sqrt_d") == "PCT, fixed tau = sqrt(d)"
+    # the report labels every variant and tuned group a cell can hold
+    assert set(models.VARIANTS) | set(plan.TUNED_GROUPS) <= set(report.EVIDENCE_LABELS)
+    assert report.EVIDENCE_LABELS["pct_tau_sqrt_d"] == "PCT, fixed tau = sqrt(d)"
 
 
 def test_headline_cells_run_first_and_stage_two_before_later_stage_one():
@@ -214,7 +244,7 @@ def test_resume_ignores_rows_of_another_protocol_budget_or_variant_revision(tmp_
     ]
     path = tmp_path / "rows.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + '\n{"cut')
-    assert list(_done(ablation.read_rows(path))) == [("baseline", "mqar", 0, 3e-4), ("pct", "mqar", 0, 3e-4)]
+    assert list(_done(read_rows(path))) == [("baseline", "mqar", 0, 3e-4), ("pct", "mqar", 0, 3e-4)]
     assert models.variant_revision("pct") == 3 and models.variant_revision("baseline") is None
 
 
@@ -243,19 +273,30 @@ def test_the_gpu_plan_is_sized_in_runs_and_training_tokens():
 # ---- runs: hits, provenance ---------------------------------------------------------------------------------
 
 
+def test_task_sequence_lengths_fit_generators():
+    for spec in SIZES.values():
+        for task in (t for t in ("mqar", "selective_copy", "spiral", "passkey", "passkey_long") if t in spec.budgets):
+            params = spec.budgets[task].params
+            length = tasks.task_seq_len(task, params)
+            rows = tasks.lm_examples(task, 3, 0, params)
+            assert all(len(r["input_ids"]) == sum(r["attention_mask"]) == length for r in rows), (task, length)
+            batch = tasks.as_batch(rows)
+            assert batch["input_ids"].shape == (3, length)
+
+
 def test_answer_hits_agree_with_task_accuracy():
     import torch
 
     from zpx_hf_train.evaluation import task_accuracy
 
-    spec = ablation.SIZES["evidence_smoke"]
-    io = runs.io_shape("mqar", spec.budgets["mqar"], spec)
+    spec = SIZES["evidence_smoke"]
+    io = tasks.io_shape("mqar", spec.budgets["mqar"], spec)
     width = models.baseline_width(spec.hidden)
     torch.manual_seed(0)
     model = models.build_model("baseline", width, spec.layers, spec.heads, io)
-    rows = runs.lm_examples("mqar", 24, 5, spec.budgets["mqar"].params)
+    rows = tasks.lm_examples("mqar", 24, 5, spec.budgets["mqar"].params)
     hits = runs.answer_hits(model, rows, 7)
-    reference = task_accuracy(model, runs.Rows(rows), 7)
+    reference = task_accuracy(model, tasks.Rows(rows), 7)
     assert hits.shape == (24, spec.budgets["mqar"].params["num_pairs"])
     assert hits.mean() == pytest.approx(reference["token_accuracy"], abs=1e-12)
     assert hits.all(-1).mean() == pytest.approx(reference["exact_match"], abs=1e-12)
@@ -269,18 +310,18 @@ def test_provenance_reads_the_commit(tmp_path):
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCH, capture_output=True, text=True)
     if head.returncode != 0:
         pytest.skip("not a git checkout: provenance has no commit to read")
-    info = ablation.provenance()
+    info = provenance()
     assert info["commit"] == head.stdout.strip() and isinstance(info["dirty"], bool)
-    assert ablation.provenance(tmp_path) == {"commit": "unknown", "dirty": True}  # outside a checkout: flagged
+    assert provenance(tmp_path) == {"commit": "unknown", "dirty": True}  # outside a checkout: flagged
 
 
 @pytest.mark.slow
 def test_a_tiny_evidence_run_selects_records_provenance_and_reports(tmp_path):
     argv = ["--size", "evidence_smoke", "--tasks", "mqar", "--variants", "baseline", "--output", str(tmp_path)]
-    ablation.main(argv)
-    rows = ablation.read_rows(tmp_path / "ablation_evidence_smoke.jsonl")
+    suite.main(argv)
+    rows = read_rows(tmp_path / "ablation_evidence_smoke.jsonl")
     assert len(rows) == 3 + 1  # seed 0 at three lrs, then seed 1 at the selected one
-    assert {r["lr"] for r in rows[:3]} == set(ablation.SIZES["evidence_smoke"].lrs)
+    assert {r["lr"] for r in rows[:3]} == set(SIZES["evidence_smoke"].lrs)
     for r in rows:
         assert r["status"] == "ok", r.get("traceback")
         assert {"commit", "dirty", "config_hash", "protocol", "budget", "lr", "seed", "flops_per_step"} <= set(r)
@@ -292,8 +333,8 @@ def test_a_tiny_evidence_run_selects_records_provenance_and_reports(tmp_path):
     text = (tmp_path / "ablation_evidence_smoke.md").read_text()
     assert "**Progress: 4 of 4 planned runs done" in text
     assert "### Superseded protocols" in text
-    ablation.main(argv)  # resume: nothing left to run
-    assert len(ablation.read_rows(tmp_path / "ablation_evidence_smoke.jsonl")) == 4
+    suite.main(argv)  # resume: nothing left to run
+    assert len(read_rows(tmp_path / "ablation_evidence_smoke.jsonl")) == 4
 
 
 def _mqar_rows(variant, accuracies, lr=1e-3):
@@ -352,41 +393,30 @@ def test_a_cell_too_small_for_its_digits_prints_in_scientific_notation():
 # ---- LRA ListOps ------------------------------------------------------------------------------------------------
 
 
-def test_listops_runs_end_to_end_in_the_small_suite(tmp_path):
-    ablation.main(
-        ["--size", "small", "--tasks", "listops", "--variants", "baseline", "--seeds", "1"]
-        + ["--output", str(tmp_path)]
-    )
-    (row,) = ablation.read_rows(tmp_path / "ablation_small.jsonl")
-    assert row["status"] == "ok", row.get("traceback")
-    small = ablation.SIZES["small"]
-    assert row["steps_done"] == small.budgets["listops"].steps
-    assert row["shape"] == [small.eval_examples, 1] and 0 <= row["accuracy"] <= 1  # one answer digit per example
-    assert "ListOps acc" in (tmp_path / "ablation_small.md").read_text()
-
-
 def test_a_listops_evidence_job_selects_on_validation_with_curves():
-    spec = ablation.SIZES["evidence_smoke"]
-    width = ablation.width_table(spec, ["baseline"], ["listops"], 0.1)["baseline/listops"]
-    job = {"variant": "baseline", "task": "listops", "seed": 0, "lr": 3e-3, "spec": ablation.asdict(spec)}
+    spec = SIZES["evidence_smoke"]
+    width = models.width_table(spec, ["baseline"], ["listops"], 0.1)["baseline/listops"]
+    job = {"variant": "baseline", "task": "listops", "seed": 0, "lr": 3e-3, "spec": asdict(spec)}
     row = runs.run_job({**job, "width": width})
     assert row["status"] == "ok", row.get("traceback")
     assert [s for s, _ in row["val_curve"]] == [4, 8, 16] and row["val_curve"][-1][1] == row["val_accuracy"]
     assert row["shape"] == [spec.eval_examples, 1] and row["flops_per_step"] > 0
     # validation and test expressions come from their own hash buckets: disjoint from each other and training
     params = spec.budgets["listops"].params
-    val = {tuple(r["input_ids"]) for r in runs.lm_examples("listops", 40, runs.VAL_SEED, params)}
-    test = {tuple(r["input_ids"]) for r in runs.lm_examples("listops", 40, runs.EVAL_SEED, params)}
+    val = {tuple(r["input_ids"]) for r in tasks.lm_examples("listops", 40, protocol.VAL_SEED, params)}
+    test = {tuple(r["input_ids"]) for r in tasks.lm_examples("listops", 40, protocol.EVAL_SEED, params)}
     train = {
-        tuple(r["input_ids"]) for s in range(20) for r in runs.lm_examples("listops", 8, runs.train_seed(0, s), params)
+        tuple(r["input_ids"])
+        for s in range(20)
+        for r in tasks.lm_examples("listops", 8, training.train_seed(0, s), params)
     }
     assert not val & test and not train & (val | test)
 
 
 def test_full_size_plans_listops_for_the_attention_variants_and_reports_the_lra_claim(tmp_path):
-    full = ablation.SIZES["full"]
+    full = SIZES["full"]
     assert full.budgets["listops"].params == {"min_length": 500, "max_length": 2000, "max_depth": 10, "max_args": 10}
-    assert runs.io_shape("listops", full.budgets["listops"], full)["max_pos"] == 2002
+    assert tasks.io_shape("listops", full.budgets["listops"], full)["max_pos"] == 2002
     cells = [c for c in plan.evidence_cells(list(full.budgets), max_seeds=full.seeds) if c.task == "listops"]
     assert [(c.name, c.seeds, c.tier) for c in cells] == [(v, 5, 0) for v in plan.ATTENTION]
     assert not [c for c in plan.evidence_cells(list(EVIDENCE.budgets)) if c.task == "listops"]
@@ -424,7 +454,7 @@ def test_the_versor_claim_says_where_versor_is_not_parameter_matched():
     assert "parameter counts not recorded" in report.evidence_claims({}, EVIDENCE, None)[-2]
 
 
-def test_nbody_references_say_when_no_model_infers_the_hidden_velocity():
+def test_nbody_references_say_when_no_model_infers_the_hidden_velocity(monkeypatch):
     reference = {
         "const_velocity_position_mse": 0.0085,
         "static_position_mse": 0.0276,
@@ -438,20 +468,22 @@ def test_nbody_references_say_when_no_model_infers_the_hidden_velocity():
     }
     cells = [plan.Cell("baseline", "nbody", 2, 0), plan.Cell("versor_hybrid", "nbody", 2, 0)]
 
-    def fake_plan(rows_by_cell):
-        return types.SimpleNamespace(cell_seed_rows=lambda cell, done, spec: rows_by_cell[cell.name])
+    def seed_rows(rows_by_cell):  # the cells' seed rows as plan.cell_seed_rows would select them
+        monkeypatch.setattr(plan, "cell_seed_rows", lambda cell, done, spec: rows_by_cell[cell.name])
 
     stuck = {
         "baseline": [{"hidden_velocity_position_mse": 0.0286}] * 2,
         "versor_hybrid": [{"hidden_velocity_position_mse": 0.0284}] * 2,
     }
-    line = report.nbody_reference_lines({}, cells, EVIDENCE, fake_plan(stuck), reference)[0]
+    seed_rows(stuck)
+    line = report.nbody_reference_lines({}, cells, EVIDENCE, reference)[0]
     assert "static positions 0.0276" in line and "10x mass: constant velocity 0.2850" in line
     assert "tested on 3 / 7) is not run" in line  # the zero-shot test the suite lacks is named, not skipped silently
     # (0.0288 - 0.0284) / (0.0288 - 0.0085) = 2%: at the static level, said so
     assert "the variants score 0.0284-0.0286, 1%-2% of the way" in line and "none infers the momentum" in line
     learned = {**stuck, "versor_hybrid": [{"hidden_velocity_position_mse": 0.0100}] * 2}
-    line = report.nbody_reference_lines({}, cells, EVIDENCE, fake_plan(learned), reference)[0]
+    seed_rows(learned)
+    line = report.nbody_reference_lines({}, cells, EVIDENCE, reference)[0]
     assert "none infers" not in line and "1%-93% of the way" in line
 
 
@@ -468,8 +500,8 @@ def test_the_same_length_table_gives_the_baselines_long_needle_calibration(tmp_p
         trial("trained_length", 80, [[800, 0.94, 1.0]]),  # not longer than the training length: not listed
         trial("other_format", 512, [[800, 0.5, 1.0]], num_digits=3),  # another needle format: not listed
     ):
-        runs.append_row(path, row)
-    lines = report.long_needle_calibration(ablation.asdict(EVIDENCE), path)
+        append_row(path, row)
+    lines = report.long_needle_calibration(asdict(EVIDENCE), path)
     assert "`long` (512 tokens, batch 8, lr 0.001, seed 0): best 0.110, final 0.080 after 2,400 steps." in lines[0]
     assert "trained_length" not in lines[0] and "other_format" not in lines[0]
 

@@ -1,24 +1,16 @@
-"""The ablation's N-body protocol (benchmarks/ablation_nbody.py): residual targets against the simulator's own
+"""The evidence suite's N-body protocol (benchmarks/evidence/nbody.py): residual targets against the simulator's own
 accelerations, zero-shot data transforms, the constant-velocity reference through the model's rollout path,
 and the metrics a run row carries."""
 
 from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers_benchmarks import load_benchmark
 
+from benchmarks.evidence import nbody, runs
+from benchmarks.evidence.protocol import SizeSpec, TaskBudget
 from zpx_hf_train.data_geometry import NBODY_DT, nbody_accelerations, nbody_initial_conditions, simulate_nbody
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-load_benchmark("measure")
-load_benchmark("ablation_models")
-nbody = load_benchmark("ablation_nbody")
-runs = load_benchmark("ablation_runs")
 
 SMALL = {
     **nbody.NBODY_PROTOCOL,
@@ -95,8 +87,8 @@ def test_reference_and_run_row_metrics():
         ref["const_velocity_position_mse"], rel=1e-3
     )
     assert ref["const_velocity_position_mse"] < ref["static_position_mse"]
-    budget = runs.TaskBudget(steps=2, batch=2, lr=1e-3, params=SMALL, warmup=1)
-    spec = runs.SizeSpec(32, 1, 2, {"nbody": budget}, 1, (1,), 1, 1)
+    budget = TaskBudget(steps=2, batch=2, lr=1e-3, params=SMALL, warmup=1)
+    spec = SizeSpec(32, 1, 2, {"nbody": budget}, 1, (1,), 1, 1)
     width = {"hidden": 32, "intermediate": 64, "params": 0}
     job = {"task": "nbody", "variant": "baseline", "seed": 0, "spec": asdict(spec), "width": width}
     row = runs.run_job(job)  # the suite's call site

@@ -5,11 +5,13 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
-from helpers_benchmarks import BENCH, load_benchmark
 
-measure = load_benchmark("measure")
+from benchmarks import measure
+
+BENCH = Path(measure.__file__).parent  # the bench scripts run from here and import `measure` by name
 
 
 def test_interleaved_times_reverses_the_order_skips_warmup_and_drops_a_failing_run():

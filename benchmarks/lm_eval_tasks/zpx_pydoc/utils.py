@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-HELDOUT_FRACTION, SPLIT_SEED = 0.1, 0  # the ablation's held-out split (benchmarks/ablation_runs.text_blocks)
+HELDOUT_FRACTION, SPLIT_SEED = 0.1, 0  # the ablation's held-out split (benchmarks/evidence/tasks.py: text_blocks)
 
 
 def heldout_documents(**kwargs: Any) -> Any:

@@ -1,7 +1,4 @@
-"""N-body task of the ablation suite: protocol, training, rollout evaluation, zero-shot tests and references.
-
-    python benchmarks/ablation_nbody.py --study delta cv_residual ...   # protocol study rows (baseline)
-    python benchmarks/ablation_nbody.py --render                        # results/nbody_protocol.md from them
+"""N-body task of the evidence suite: protocol, training, rollout evaluation, zero-shot tests and references.
 
 Protocol (identical for every variant; lr is the suite's per-variant choice through `TaskBudget.lr`). A state
 is `[x (n dim), v (n dim)]` (`zpx_hf_train.data_geometry`: 5 bodies, 3-D, G = 1, dt = 0.01, velocity Verlet,
@@ -44,24 +41,33 @@ have (one token is one 30-feature time step); not run.
 
 from __future__ import annotations
 
-import argparse
 import math
-import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from ablation_runs import TaskBudget
+from benchmarks.evidence.protocol import TaskBudget
+from benchmarks.evidence.training import train_loop, train_seed
+from zpx_hf_train.data_geometry import NBODY_DT, nbody_energy, nbody_trajectories, split_state
+from zpx_hf_train.metrics import relative_energy_drift, rollout_mse
 
 NBODY = {"bodies": 5, "dim": 3}
+
+
 NBODY_VAL_SEED = 20_000  # validation (lr selection) and test trajectories: seeds no training run uses
+
+
 NBODY_TEST_SEED = 30_000
+
+
 ZERO_SHOT_MASS = 10.0
+
+
 TARGETS = ("delta", "cv_residual")
+
+
 NBODY_PROTOCOL = {
     "context": 10,
     "rollout": 50,
@@ -73,7 +79,6 @@ NBODY_PROTOCOL = {
     "target": "cv_residual",
     "noise": 0.0,
 }
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def check_protocol(params: dict[str, Any]) -> None:
@@ -82,7 +87,7 @@ def check_protocol(params: dict[str, Any]) -> None:
         k for k in ("context", "rollout", "train_length", "train_trajectories", "eval_trajectories") if k not in params
     ]
     if missing:
-        raise ValueError(f"nbody params lack {missing}; start from ablation_nbody.NBODY_PROTOCOL.")
+        raise ValueError(f"nbody params lack {missing}; start from benchmarks.evidence.nbody.NBODY_PROTOCOL.")
     if params.get("target", "delta") not in TARGETS:
         raise ValueError(f"nbody params target={params['target']!r}: use one of {TARGETS}.")
     if params["context"] + params["rollout"] > params["train_length"]:
@@ -92,8 +97,6 @@ def check_protocol(params: dict[str, Any]) -> None:
 def nbody_data(params: dict[str, Any], seed: int, num: int, mass: float | None = None) -> dict[str, np.ndarray]:
     """Trajectories of the protocol: `train_length - 1` Verlet steps after the initial state. `mass` sets every
     mass (default 1); the initial positions and velocities of a seed do not depend on it."""
-    from zpx_hf_train.data_geometry import nbody_trajectories
-
     masses = None if mass is None else (mass, mass)
     return nbody_trajectories(
         num, seed, params["train_length"] - 1, n_bodies=NBODY["bodies"], dim=NBODY["dim"], mass_range=masses
@@ -109,8 +112,6 @@ def hide_velocity(states: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarra
 
 def prior(states: torch.Tensor, target: str) -> torch.Tensor:
     """The part of the next-state change the target leaves out: [v dt, 0] for cv_residual, 0 for delta."""
-    from zpx_hf_train.data_geometry import NBODY_DT
-
     if target == "delta":
         return torch.zeros_like(states)
     half = NBODY["bodies"] * NBODY["dim"]
@@ -156,8 +157,6 @@ def per_trajectory(predicted: np.ndarray, true: np.ndarray) -> list[float]:
 
 
 def positions(states: np.ndarray) -> np.ndarray:
-    from zpx_hf_train.data_geometry import split_state
-
     return split_state(np.asarray(states, np.float64), NBODY["bodies"], NBODY["dim"])[0]
 
 
@@ -165,9 +164,6 @@ def score(
     model: Any, data: dict[str, np.ndarray], params: dict, norm: Normaliser, device: str, hidden: bool = False
 ) -> dict[str, Any]:
     """Rollout metrics on one trajectory set: position / state MSE, energy drift, per-trajectory position MSE."""
-    from zpx_hf_train.data_geometry import nbody_energy, split_state
-    from zpx_hf_train.metrics import relative_energy_drift, rollout_mse
-
     context, steps = params["context"], params["rollout"]
     states = torch.tensor(data["states"], device=device)
     pred = rollout(model, states, context, steps, norm, hidden).double().cpu().numpy()
@@ -202,8 +198,6 @@ def training_loss(
     model: Any, train: torch.Tensor, norm: Normaliser, budget: TaskBudget, seed: int, device: str
 ) -> Callable[[int], torch.Tensor]:
     """Teacher-forced loss on random windows of the training trajectories (a fresh batch per step)."""
-    from ablation_runs import train_seed
-
     params = budget.params
     window = params["context"] + params["rollout"]
     noise = float(params.get("noise", 0.0))
@@ -225,15 +219,13 @@ def training_loss(
     return loss_fn
 
 
-def run_nbody(model: Any, budget: TaskBudget, seed: int, device: str, seconds: float | None) -> dict[str, Any]:
+def run_nbody(model: Any, budget: TaskBudget, seed: int, device: str) -> dict[str, Any]:
     """Train on the run seed's trajectories, then validation, test and zero-shot metrics (module docstring)."""
-    from ablation_runs import train_loop
-
     params = budget.params
     check_protocol(params)
     train = torch.tensor(nbody_data(params, seed, params["train_trajectories"])["states"], device=device)
     norm = Normaliser(train, params.get("target", "delta"))
-    result = train_loop(model, training_loss(model, train, norm, budget, seed, device), budget, seconds)
+    result = train_loop(model, training_loss(model, train, norm, budget, seed, device), budget)
     model.eval()
     test = nbody_data(params, NBODY_TEST_SEED, params["eval_trajectories"])
     metrics = score(model, test, params, norm, device)
@@ -255,8 +247,6 @@ def run_nbody(model: Any, budget: TaskBudget, seed: int, device: str, seconds: f
 
 def extrapolate(x: np.ndarray, velocity: np.ndarray, start: int, steps: int) -> np.ndarray:
     """x_{start + k} = x_start + k dt velocity, k = 1..steps: [S, steps, n, dim]."""
-    from zpx_hf_train.data_geometry import NBODY_DT
-
     k = np.arange(1, steps + 1)[None, :, None, None]
     return x[:, start : start + 1] + velocity[:, None] * NBODY_DT * k
 
@@ -265,9 +255,6 @@ def nbody_reference(params: dict[str, Any]) -> dict[str, Any]:
     """Trivial predictors on the test trajectories: constant velocity (true v at the last context state; on the
     hidden-velocity test the finite difference of the last two positions), static positions, and the
     simulator's own energy drift; also on the validation and 10x-mass trajectories."""
-    from zpx_hf_train.data_geometry import NBODY_DT, nbody_energy, split_state
-    from zpx_hf_train.metrics import relative_energy_drift, rollout_mse
-
     check_protocol(params)
     context, steps = params["context"], params["rollout"]
     start = context - 1
@@ -299,157 +286,3 @@ def nbody_reference(params: dict[str, Any]) -> dict[str, Any]:
             onestep = x[:, start : start + steps] + v[:, start : start + steps] * NBODY_DT
             out["const_velocity_onestep_position_mse"] = rollout_mse(onestep, true_x)
     return out
-
-
-# ---- protocol study (baseline only): results/nbody_protocol.md -----------------------------------------------
-
-STUDY = {  # name: (protocol overrides, steps, lr); batch 16, hidden 128, 2 layers, 4 heads (the medium suite)
-    "delta": ({"target": "delta"}, 300, 1e-3),
-    "delta_steps600": ({"target": "delta"}, 600, 1e-3),
-    "delta_lr3e-3": ({"target": "delta"}, 300, 3e-3),
-    "delta_noise": ({"target": "delta", "noise": 1.0}, 300, 1e-3),
-    "cv_residual": ({}, 300, 1e-3),
-    "cv_residual_lr3e-4": ({}, 300, 3e-4),
-    "cv_residual_lr3e-3": ({}, 300, 3e-3),
-    "cv_residual_noise": ({"noise": 1.0}, 300, 1e-3),
-    "cv_residual_steps600": ({}, 600, 1e-3),
-}
-STUDY_FILE = RESULTS / "nbody_protocol.jsonl"
-
-
-def study_run(name: str, seed: int = 0) -> dict[str, Any]:
-    """One baseline run of a study configuration (medium shape, one thread)."""
-    from ablation_models import baseline_width, build_model
-    from ablation_runs import TaskBudget
-
-    overrides, steps, lr = STUDY[name]
-    params = {**NBODY_PROTOCOL, **overrides}
-    budget = TaskBudget(steps=steps, batch=16, lr=lr, params=params)
-    torch.manual_seed(seed)
-    io = {"features": 2 * NBODY["bodies"] * NBODY["dim"], "max_pos": params["context"] + params["rollout"]}
-    model = build_model("baseline", baseline_width(128), 2, 4, io)
-    cpu = time.process_time()
-    row = run_nbody(model, budget, seed, "cpu", None)
-    return {
-        "name": name,
-        "seed": seed,
-        "steps": steps,
-        "lr": lr,
-        "params": params,
-        **row,
-        "cpu_seconds": time.process_time() - cpu,
-    }
-
-
-def paired_interval(a: list[float], b: list[float], draws: int = 4000) -> tuple[float, float, float]:
-    """Mean of a - b over trajectories and its 95% bootstrap interval (trajectories resampled, seed 0)."""
-    diff = np.asarray(a) - np.asarray(b)
-    index = np.random.default_rng(0).integers(0, len(diff), size=(draws, len(diff)))
-    means = diff[index].mean(axis=1)
-    return float(diff.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
-
-
-def render_study(rows: list[dict[str, Any]], command: str) -> str:
-    ref = nbody_reference(NBODY_PROTOCOL)
-    train = torch.tensor(
-        nbody_data(NBODY_PROTOCOL, 0, NBODY_PROTOCOL["train_trajectories"])["states"], dtype=torch.float64
-    )
-    half = NBODY["bodies"] * NBODY["dim"]
-    scale = {t: float(Normaliser(train, t).target_std[:half].mean()) for t in TARGETS}
-    cv_onestep = ref["const_velocity_onestep_position_mse"]
-    lines = [
-        "# N-body protocol study: can the softmax baseline beat constant velocity?",
-        "",
-        f"Command: `{command}` (rows in `nbody_protocol.jsonl`, then `python benchmarks/ablation_nbody.py --render`).",
-        "Baseline (softmax + RoPE, hidden 128, 2 layers, 4 heads), batch 16, one seed, one CPU thread. Test: "
-        f"{NBODY_PROTOCOL['eval_trajectories']} trajectories (seed {NBODY_TEST_SEED}), validation "
-        f"{NBODY_PROTOCOL['val_trajectories']} (seed {NBODY_VAL_SEED}); context {NBODY_PROTOCOL['context']}, "
-        f"rollout {NBODY_PROTOCOL['rollout']} steps. Targets and zero-shot tests: `benchmarks/ablation_nbody.py`.",
-        "",
-        f"Constant velocity on the same trajectories: rollout position MSE {ref['const_velocity_position_mse']:.5f} "
-        f"(validation {ref['val_const_velocity_position_mse']:.5f}), "
-        f"one-step {ref['const_velocity_onestep_position_mse']:.2e}; "
-        f"static positions {ref['static_position_mse']:.5f}; "
-        f"10x masses {ref['mass10_const_velocity_position_mse']:.5f}; "
-        f"hidden velocity (finite-difference velocity) {ref['hidden_velocity_const_velocity_position_mse']:.5f}.",
-        "",
-        f"Why `delta` loses: its position target x_(t+1) - x_t has std {scale['delta']:.2e} per coordinate, almost all "
-        f"of it v_t dt; the part constant velocity misses (the `cv_residual` position target, ~a dt^2 / 2) has std "
-        f"{scale['cv_residual']:.2e}. A network that reproduces v_t dt to a relative error e has one-step position "
-        f"MSE ~ (e {scale['delta']:.2e})^2, so it must reach e < "
-        f"{math.sqrt(cv_onestep) / scale['delta']:.1%} just to tie constant velocity's one-step error. The column "
-        "'one-step / CV' is the teacher-forced one-step position MSE over the rollout span divided by constant "
-        "velocity's: above 1 the model is worse before any rollout compounding.",
-        "",
-        "| config | seed | target | steps | lr | noise | train loss | one-step pos MSE | one-step / CV | val pos MSE "
-        "| test pos MSE | model - CV, test (95% CI over trajectories) | 10x mass | hidden v | train s (shared CPU) "
-        "| run CPU s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    winners = []
-    for r in rows:
-        mean, lo, hi = paired_interval(
-            r["position_mse_per_trajectory"], ref["const_velocity_position_mse_per_trajectory"]
-        )
-        verdict = "beats CV" if hi < 0 else ("loses to CV" if lo > 0 else "within noise of CV")
-        winners += [f"{r['name']} (seed {r['seed']})"] if hi < 0 else []
-        p = r["params"]
-        cpu = f"{r['cpu_seconds']:.0f}" if "cpu_seconds" in r else "-"  # rows from before the CPU clock was kept
-        lines.append(
-            f"| {r['name']} | {r['seed']} | {p['target']} | {r['steps']} | {r['lr']:g} | {p.get('noise', 0):g} "
-            f"| {r['final_train_loss']:.4f} "
-            f"| {r['onestep_position_mse']:.2e} | {r['onestep_position_mse'] / cv_onestep:.2f} "
-            f"| {r['val_position_mse']:.5f} | {r['position_mse']:.5f} "
-            f"| {mean:+.5f} [{lo:+.5f}, {hi:+.5f}] {verdict} | {r['mass10_position_mse']:.4f} "
-            f"| {r['hidden_velocity_position_mse']:.4f} | {r['train_seconds']:.0f} | {cpu} |"
-        )
-    lines += [
-        "",
-        f"Beat constant velocity (paired bootstrap interval over the test trajectories below 0): "
-        f"{', '.join(winners) or 'none'}. One training seed per row: the suite's seeds and its per-variant lr grid "
-        "(selected on `val_position_mse`) are the test of these single runs.",
-        "",
-        "Zero-shot columns (the trained model unchanged): '10x mass' rolls out the test initial states simulated with "
-        f"every mass 10 ({NBODY_PROTOCOL['zero_shot_trajectories']} trajectories; constant velocity "
-        f"{ref['mass10_const_velocity_position_mse']:.4f}, static {ref['mass10_static_position_mse']:.4f}); 'hidden v' "
-        "zeroes the velocities of every model input (constant velocity from the last two positions "
-        f"{ref['hidden_velocity_const_velocity_position_mse']:.4f}, "
-        f"static {ref['hidden_velocity_static_position_mse']:.4f}). "
-        "With `cv_residual` a hidden velocity also zeroes the prior v dt, so the model must supply all of the "
-        "motion itself.",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--study", nargs="+", choices=sorted(STUDY), help="run these configurations, append rows")
-    parser.add_argument("--seed", type=int, default=0, help="training seed of the --study runs")
-    parser.add_argument("--render", action="store_true", help="write results/nbody_protocol.md from the rows")
-    args = parser.parse_args(argv)
-    if not args.study and not args.render:
-        parser.error("give --study NAME... and/or --render")
-    from ablation_runs import append_row, read_rows
-
-    torch.set_num_threads(1)
-    for name in args.study or []:
-        row = study_run(name, args.seed)
-        append_row(STUDY_FILE, row)
-        print(f"[{name}] test {row['position_mse']:.5f} val {row['val_position_mse']:.5f}", flush=True)
-    if args.render:
-        rows = read_rows(STUDY_FILE)
-        order = list(STUDY)
-        rows.sort(key=lambda r: (order.index(r["name"]), r["seed"]))
-        seeds = sorted({r["seed"] for r in rows})
-        command = "; ".join(
-            "python benchmarks/ablation_nbody.py --study "
-            + " ".join(r["name"] for r in rows if r["seed"] == seed)
-            + (f" --seed {seed}" if seed else "")
-            for seed in seeds
-        )
-        (RESULTS / "nbody_protocol.md").write_text(render_study(rows, command))
-        print((RESULTS / "nbody_protocol.md").read_text())
-
-
-if __name__ == "__main__":
-    main()

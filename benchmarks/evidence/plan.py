@@ -1,11 +1,11 @@
 """The evidence suite's plan: cells (variant x task x seeds), lr selection on validation, job order, estimates.
 
 A cell is one table entry: a variant (or a tuned group such as `pct_tuned`, whose members are every PCT variant,
-so a PCT scale option is one line in `ablation_models.VARIANTS`) on one task with a number of seeds. Its jobs
+so a PCT scale option is one line in `models.VARIANTS`) on one task with a number of seeds. Its jobs
 are (variant, task, seed, lr):
 
 1. stage 1: seed 0 of every member at every lr of the grid;
-2. selection: the (member, lr) with the best validation metric (`ablation_runs.SELECTION`) among the stage-1 runs;
+2. selection: the (member, lr) with the best validation metric (`protocol.SELECTION`) among the stage-1 runs;
 3. stage 2: seeds 1 .. n-1 at the selected (member, lr); the seed-0 run there is reused.
 
 Jobs run in tier order (headline cells first), stage 2 before a later cell's stage 1, so an interrupted suite has
@@ -20,15 +20,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ablation_models import VARIANTS, base_variant, family_of, variant_revision
-from ablation_runs import SELECTION, SizeSpec, task_seq_len
+from benchmarks.evidence.models import VARIANTS, base_variant, family_of, variant_revision
+from benchmarks.evidence.protocol import SELECTION, SizeSpec
+from benchmarks.evidence.tasks import task_seq_len
 
 Job = tuple[str, str, int, float]  # (variant, task, seed, lr)
 
 
 @dataclass(frozen=True)
 class Cell:
-    name: str  # a variant of ablation_models.VARIANTS or a key of TUNED_GROUPS
+    name: str  # a variant of models.VARIANTS or a key of TUNED_GROUPS
     task: str
     seeds: int
     tier: int  # 0 first (headline)

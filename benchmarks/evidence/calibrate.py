@@ -1,13 +1,13 @@
-"""Calibrate the ablation budgets: train the baseline (softmax + RoPE) on a task setting and record its
+"""Calibrate the suite's budgets: train the baseline (softmax + RoPE) on a task setting and record its
 held-out answer accuracy every `probe` steps, stopping once it holds the target.
 
-    python benchmarks/ablation_calibrate.py --trials mqar_q8r mqar_3l --seeds 0      # explore settings
-    python benchmarks/ablation_calibrate.py --render                                  # calibration_medium.md/json
+    python -m benchmarks.evidence.calibrate --trials mqar_p4q8r needle_compact_512_d2 --seeds 0
 
 Each finished trial appends one JSON line (setting, seed, accuracy curve, first step at the target, seconds)
-to benchmarks/results/calibration_trials.jsonl; a rerun skips (trial, seed) pairs already there. `--render`
-writes calibration_medium.{json,md} from those lines: per task, the chosen setting, its curve in every seed,
-the settings that were tried and rejected, and the exact commands.
+to benchmarks/results/calibration_trials.jsonl; a rerun skips (trial, seed) pairs already there. The evidence
+report quotes the long-needle trials beside its same-length table (`report.long_needle_calibration`).
+results/calibration_medium.{json,md}, the medium protocol's budgets chosen from the earlier trials, is a frozen
+file (docs/evidence_superseded.md): its renderer went with that protocol.
 """
 
 from __future__ import annotations
@@ -18,24 +18,16 @@ import sys
 from typing import Any
 
 import torch
-from ablation_models import baseline_width, build_model
-from ablation_report import CALIBRATION_TRIALS as TRIALS_FILE  # one path, read by the torch-free report too
-from ablation_report import render_calibration
-from ablation_runs import (
-    EVAL_SEED,
-    Rows,
-    SizeSpec,
-    TaskBudget,
-    append_row,
-    io_shape,
-    lm_examples,
-    lm_loss_fn,
-    read_rows,
-    train_loop,
-)
-from measure import clock  # benchmarks/measure.py: the one wall clock of every benchmark
 
-RESULTS = TRIALS_FILE.parent
+from benchmarks.evidence.models import baseline_width, build_model
+from benchmarks.evidence.protocol import EVAL_SEED, SizeSpec, TaskBudget
+from benchmarks.evidence.rows import CALIBRATION_TRIALS as TRIALS_FILE
+from benchmarks.evidence.rows import RESULTS, append_row, read_rows
+from benchmarks.evidence.tasks import Rows, io_shape, lm_examples, lm_loss_fn
+from benchmarks.evidence.training import train_loop
+from benchmarks.measure import clock  # the one wall clock of every benchmark
+from zpx_hf_train.evaluation import task_accuracy
+
 MODEL = {"hidden": 128, "layers": 2, "heads": 4}
 # the 2-digit compact needle (trial needle_compact_80_d2, the suite's format) without its length
 NEEDLE_D2 = {"num_needles": 2, "num_distractors": 2, "num_digits": 2, "compact": True}
@@ -215,8 +207,6 @@ def probe_spec(task: str, budget: TaskBudget, model: dict[str, int], eval_exampl
 def run_trial(name: str, seed: int, probe_every: int, target: float, eval_examples: int) -> dict[str, Any]:
     """Train the baseline on one setting; accuracy on `eval_examples` held-out examples every `probe_every`
     steps; stop once two consecutive probes reach `target`."""
-    from zpx_hf_train.evaluation import task_accuracy
-
     task, budget, overrides, why = TRIALS[name]
     model_shape = {**MODEL, **overrides}
     spec = probe_spec(task, budget, model_shape, eval_examples)
@@ -263,7 +253,7 @@ def run_trial(name: str, seed: int, probe_every: int, target: float, eval_exampl
         "seconds": round(clock() - started, 1),
         "seconds_per_step": round(result["train_seconds"] / result["steps_done"], 4),
         "threads": torch.get_num_threads(),
-        "command": " ".join(["python benchmarks/ablation_calibrate.py", *sys.argv[1:]]),
+        "command": " ".join(["python -m benchmarks.evidence.calibrate", *sys.argv[1:]]),
     }
 
 
@@ -272,14 +262,17 @@ def done_trials() -> set[tuple[str, int]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", nargs="+", default=[], choices=list(TRIALS))
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.evidence.calibrate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--trials", nargs="+", required=True, choices=list(TRIALS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--probe", type=int, default=100, help="steps between accuracy probes")
     parser.add_argument("--target", type=float, default=0.95, help="stop after two probes at this accuracy")
     parser.add_argument("--eval-examples", type=int, default=256)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--render", action="store_true", help="write calibration_medium.{json,md} from the trials")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -292,62 +285,6 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             row = run_trial(name, seed, args.probe, args.target, args.eval_examples)
             append_row(TRIALS_FILE, row)
-    if args.render:
-        render()
-
-
-CHOSEN = {"mqar": "mqar_p4q8r", "passkey": "needle_compact_80_d2"}
-NOTES = {
-    "mqar": "every key asked exactly once (`mqar_p4q4`, the earlier setting) lets a model score about 0.55 by "
-    "answering a value not yet given; the earlier calibration found the baseline on that plateau for thousands of "
-    "steps (0.81 after 6,500). Drawing queries with replacement removes the shortcut and the baseline learns the "
-    "recall by step 200.",
-    "passkey": "the statement form (`Key q is 83920.`, 2 needles + 2 `Room` numbers, length 96) was learned slowly: "
-    "0.59 answer-digit accuracy after 800 steps with lowercase keys (which also occur in the filler); capital keys "
-    "found nowhere else (`needle_96`, `needle_80_d3`) and lr 3e-3 (`passkey_96_lr3`, `passkey_80_d3_lr3`) did not "
-    "change that within 500-800 steps (3-digit numbers plateaued at 0.50: the model copies a needle but not the "
-    "named one; these four were stopped by hand and left no line in the trials file). Written compactly, the key "
-    "next to its number (`needle_compact_80`), the baseline learns the keyed "
-    "retrieval: a 2-layer model matches the key with one previous-token (induction) step instead of reaching back "
-    "past `is`. With 3-digit numbers its answer accuracy reached 0.90 at step 1,000 and stayed at 0.91-0.93 up to "
-    "step 2,000, and the suite's three baseline seeds at 1,200 steps sat at the bar (0.896, 0.906, 0.896): the "
-    "keyed first digit is the retrieval, each later digit is copied by the digit before it, which the other "
-    "numbers share. 2-digit numbers (`needle_compact_80_d2`, one copied digit) keep the keyed retrieval among "
-    "2 needles and 2 distractors: seed 0 passes 0.95 by step 1,000, but seed 2 (the same run as the suite's "
-    "seed 2, 0.852 at step 1,200 in both) crosses 0.9 only at step 1,400 and 0.95 at 1,600, so 1,200 steps meet "
-    "the bar in 2 of 3 seeds (seeds 0 and 1: 0.977 and 0.984). At step 1,600 the trials of all three seeds are "
-    "at 0.97 / 0.965 / 0.953, so the budget is 1,600 steps; there the suite's three baseline runs reach 0.961 / "
-    "0.984 / 0.969 (seeds 0 / 1 / 2). Two other "
-    "forms were stopped by hand and left no line in the trials file: 1-digit numbers (0.55-0.58 after 1,000 "
-    "steps, the model picks one of the two needles) and every digit of an example distinct (0.15 after 1,000 "
-    "steps).",
-    "selective_copy / spiral / text / nbody": "budgets from the earlier calibration (selective copying reached 0.9 "
-    "by step 200) and the cost per step here; the baseline's per-seed results above are the check.",
-}
-
-
-def render() -> None:
-    """calibration_medium.{json,md}: the medium budgets, the suite's baseline rows, every trial."""
-    from dataclasses import asdict
-
-    from ablation import SIZES, current_rows, read_rows
-    from ablation_runs import task_seq_len
-
-    spec = SIZES["medium"]
-    rows = current_rows(read_rows(RESULTS / "ablation_medium.jsonl"), spec)
-    baseline = [r for r in rows if r["variant"] == "baseline" and r.get("status") == "ok"]
-    lengths = {task: task_seq_len(task, b.params) for task, b in spec.budgets.items()}
-    text = render_calibration(
-        TRIALS_FILE,
-        RESULTS / "calibration_medium",
-        CHOSEN,
-        baseline,
-        asdict(spec),
-        lengths,
-        "python benchmarks/ablation.py --size medium",
-        NOTES,
-    )
-    print(text)
 
 
 if __name__ == "__main__":

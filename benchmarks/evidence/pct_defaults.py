@@ -1,14 +1,15 @@
 """PCT defaults sweep (issue 21): which tau mode, initial scale and gate-bias length let PCT learn recall.
 
-    python benchmarks/pct_defaults.py --task mqar     # every arm on the evidence suite's MQAR, 1 seed; resumable
-    python benchmarks/pct_defaults.py --task passkey  # the keyed needle trained at 80 tokens
-    python benchmarks/pct_defaults.py --report        # re-render the markdown from the saved rows only
+    python -m benchmarks.evidence.pct_defaults --task mqar     # every arm on the suite's MQAR, 1 seed; resumable
+    python -m benchmarks.evidence.pct_defaults --task passkey  # the keyed needle trained at 80 tokens
+    python -m benchmarks.evidence.pct_defaults --report        # re-render the markdown from the saved rows only
 
-Every arm trains the hidden-matched PCT of the evidence suite on one of its task budgets (`benchmarks/ablation.py
---size evidence`), for `--steps` steps at lr 1e-3, through the ablation machinery (`ablation_runs.train_loop`,
-`evaluate_lm`, the validation curve of `curve_probe`); only the PCT config fields named by the arm differ. The
-gate bias starts at b_h = -log(n), n = `context` x the task's trained length. Rows are appended to
-`benchmarks/results/pct_defaults.jsonl`; an (task, arm, seed) row with the same budget and steps is not run again.
+Every arm trains the hidden-matched PCT of the evidence suite on one of its task budgets (`python -m
+benchmarks.evidence --size evidence`), for `--steps` steps at lr 1e-3, through the suite's machinery
+(`training.train_loop`, `runs.evaluate_lm`, the validation curve of `runs.curve_probe`); only the PCT config
+fields named by the arm differ. The gate bias starts at b_h = -log(n), n = `context` x the task's trained length.
+Rows are appended to `benchmarks/results/pct_defaults.jsonl`; an (task, arm, seed) row with the same budget and
+steps is not run again.
 """
 
 from __future__ import annotations
@@ -19,24 +20,17 @@ import dataclasses
 import datetime
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
-from ablation import SIZES, provenance
-from ablation_models import match_width, model_config
-from ablation_runs import (
-    SELECTION,
-    append_row,
-    curve_probe,
-    evaluate_lm,
-    io_shape,
-    lm_loss_fn,
-    read_rows,
-    train_loop,
-)
-from measure import clock
+from benchmarks.evidence.models import match_width, model_config
+from benchmarks.evidence.protocol import SELECTION
+from benchmarks.evidence.rows import RESULTS, append_row, provenance, read_rows
+from benchmarks.evidence.runs import curve_probe, evaluate_lm
+from benchmarks.evidence.sizes import SIZES
+from benchmarks.evidence.tasks import io_shape, lm_loss_fn
+from benchmarks.evidence.training import train_loop
+from benchmarks.measure import clock
 
-RESULTS = Path(__file__).resolve().parent / "results"
 STEM = RESULTS / "pct_defaults"
 COMPLEX_HEAD_DIM = 24  # hidden-matched PCT of the suite: hidden 192, 4 heads of real width 48
 # task -> (the evidence suite's budget it trains on, default steps, test metric shown per seed). MQAR: 4x the
@@ -97,7 +91,7 @@ def run_arm(task: str, arm: str, seed: int, steps: int) -> dict[str, Any]:
         row["tau_start"] = config.initial_tau
         curve: list[list[float]] = []
         probe, every = curve_probe(model, name, spec, budget, curve)
-        row.update(train_loop(model, lm_loss_fn(model, name, budget, seed, "cpu"), budget, None, probe, every))
+        row.update(train_loop(model, lm_loss_fn(model, name, budget, seed, "cpu"), budget, probe, every))
         row["val_curve"] = curve
         row.update(evaluate_lm(model, name, spec, budget))
         with torch.no_grad():
@@ -173,7 +167,7 @@ def render_task(task: str, steps: int) -> list[str]:
         "",
     ]
     if not rows:
-        lines.append(f"No arm has run yet: `python benchmarks/pct_defaults.py --task {task}` runs them.\n")
+        lines.append(f"No arm has run yet: `python -m benchmarks.evidence.pct_defaults --task {task}` runs them.\n")
     lines += [
         f"| arm | tau | tau_start | n (b_h = -log n) | seeds | {metric} per seed | mean |"
         + (" passkey_em@8x mean |" if task == "passkey" else "")
@@ -240,7 +234,11 @@ def render(commands: dict[str, str], steps: dict[str, int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.evidence.pct_defaults",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--task", choices=list(TASKS), default="mqar")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--seeds", type=int, default=1)
@@ -250,10 +248,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     steps = {t: TASKS[t][1] for t in TASKS}
     steps[args.task] = args.steps or steps[args.task]
-    commands = {t: f"python benchmarks/pct_defaults.py --task {t}" for t in TASKS}
+    commands = {t: f"python -m benchmarks.evidence.pct_defaults --task {t}" for t in TASKS}
     given = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--report"]
     if given:
-        commands[args.task] = " ".join(["python benchmarks/pct_defaults.py", *given])
+        commands[args.task] = " ".join(["python -m benchmarks.evidence.pct_defaults", *given])
     if args.report:
         print(render(commands, steps))
         return

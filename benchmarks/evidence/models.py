@@ -1,4 +1,4 @@
-"""Ablation variants as package models: configs, the LM heads, a regression readout, parameter matching.
+"""The suite's variants as package models: configs, the LM heads, a regression readout, parameter matching.
 
 Every variant is one of the package's families built through the transformers Auto classes with the
 public `attn_implementation` argument. Token tasks train the family's `*ForCausalLM` (its own loss, which
@@ -14,6 +14,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import AutoModel, AutoModelForCausalLM
+
+from benchmarks.evidence.protocol import SizeSpec
+from benchmarks.evidence.tasks import io_shape
+from zpx_hf import PCTConfig, VersorConfig, ZPXConfig  # importing zpx_hf registers the families with the Auto classes
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "baseline": {"family": "zpx", "config": {"lambda_angle": 0.0, "lambda_sphere": 0.0, "rotary": "rope"}},
@@ -59,7 +64,8 @@ def family_of(variant: str) -> str:
 
 
 def base_variant(variant: str) -> str:
-    """`versor_gpa@time` (the wall-clock-matched row) trains the `versor_gpa` model."""
+    """The model of a variant name: `versor_hybrid@time` (a wall-clock-matched row of the superseded medium
+    protocol, still read from its jsonl for the step-time estimate) trained the `versor_hybrid` model."""
     return variant.split("@", 1)[0]
 
 
@@ -75,8 +81,6 @@ def model_config(
 ) -> Any:
     """Config of `variant` at the given widths (Versor: one multivector channel of 32 per head); PCT's gate bias
     starts at -log(train_length), the task's training length (default `max_pos`)."""
-    from zpx_hf import PCTConfig, VersorConfig, ZPXConfig
-
     entry = VARIANTS[base_variant(variant)]
     common = dict(
         vocab_size=vocab,
@@ -124,10 +128,6 @@ class SequenceRegressor(nn.Module):
 def build_model(variant: str, width: dict[str, int], layers: int, heads: int, io: dict[str, int]) -> nn.Module:
     """`*ForCausalLM` for token tasks (`io = {"vocab", "max_pos"}`), `SequenceRegressor` when `io` has
     `features` (continuous sequences)."""
-    from transformers import AutoModel, AutoModelForCausalLM
-
-    import zpx_hf  # noqa: F401  (registers the families with the Auto classes)
-
     vocab = io.get("vocab", 4)
     config = model_config(
         variant, width["hidden"], width["intermediate"], layers, heads, vocab, io["max_pos"], io.get("train_length")
@@ -194,6 +194,21 @@ def match_width(
     }
 
 
+def width_table(spec: SizeSpec, variants: list[str], tasks: list[str], tolerance: float) -> dict[str, dict[str, Any]]:
+    """`match_width` of every `variant/task`."""
+    widths = {}
+    for task in tasks:
+        io = io_shape(task, spec.budgets[task], spec)
+        for variant in variants:
+            key = f"{base_variant(variant)}/{task}"
+            if key not in widths:
+                widths[key] = match_width(
+                    base_variant(variant), spec.hidden, spec.layers, spec.heads, io, tolerance, spec.versor_max_hidden
+                )
+            widths[f"{variant}/{task}"] = widths[key]
+    return widths
+
+
 __all__ = [
     "FAMILY_SHAPE",
     "VARIANTS",
@@ -205,4 +220,5 @@ __all__ = [
     "family_of",
     "match_width",
     "model_config",
+    "width_table",
 ]

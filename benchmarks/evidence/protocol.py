@@ -1,0 +1,80 @@
+"""The evidence protocol's data: task budgets, suite sizes, data seeds and each task's selection metric.
+
+A `SizeSpec` is one suite size (`sizes.SIZES`); a `TaskBudget` one task's training budget and generator
+parameters, identical for every variant. Rows record the budget's fingerprint, so a changed budget reruns its task.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+EVAL_SEED = 10_000  # test data: the same for every training seed and variant
+
+VAL_SEED = 20_000  # validation data (lr selection, curves): its own seed, distinct from test and training seeds
+
+
+@dataclass(frozen=True)
+class TaskBudget:
+    """Training budget and task shape of one task (identical for every variant)."""
+
+    steps: int
+    batch: int
+    lr: float
+    params: dict[str, Any] = field(default_factory=dict)  # generator parameters (see `task_seq_len`)
+    weight_decay: float = 0.01
+    warmup: int = 50
+
+    def fingerprint(self) -> str:
+        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+
+
+@dataclass(frozen=True)
+class SizeSpec:
+    """Model shape, per-task budgets and evaluation sizes of one suite size."""
+
+    hidden: int
+    layers: int
+    heads: int
+    budgets: dict[str, TaskBudget]
+    eval_examples: int
+    passkey_multiples: tuple[int, ...]
+    passkey_eval_examples: int
+    seeds: int
+    versor_max_hidden: int | None = None
+    protocol: str = ""  # protocol id recorded in every row (a changed protocol gets a new id)
+    lrs: tuple[float, ...] = ()  # learning-rate grid, selected on validation (empty: the budget's lr only)
+    checkpoints: tuple[float, ...] = ()  # fractions of the step budget at which validation accuracy is recorded
+    val_examples: int = 0  # validation examples (trained length), 0: no validation
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SizeSpec:
+        budgets = {task: TaskBudget(**b) for task, b in data["budgets"].items()}
+        tuples = {k: tuple(data[k]) for k in ("passkey_multiples", "lrs", "checkpoints") if k in data}
+        return cls(**{**data, "budgets": budgets, **tuples})
+
+    def lr_grid(self, task: str) -> tuple[float, ...]:
+        return self.lrs or (self.budgets[task].lr,)
+
+    def multiples(self, task: str) -> tuple[int, ...]:
+        """Evaluated multiples of the trained length: the extrapolation protocol (passkey) or 1x only."""
+        return self.passkey_multiples if task == "passkey" else (1,)
+
+    def passkey_lengths(self, task: str = "passkey") -> list[int]:
+        length = self.budgets[task].params["length"]
+        return [length * m for m in self.multiples(task)]
+
+
+# the validation metric of a task's lr selection and curves: (key, higher is better)
+SELECTION = {
+    "mqar": ("val_accuracy", True),
+    "selective_copy": ("val_accuracy", True),
+    "spiral": ("val_accuracy", True),
+    "listops": ("val_accuracy", True),
+    "passkey": ("val_passkey_digit_acc@1x", True),
+    "passkey_long": ("val_passkey_digit_acc@1x", True),
+    "text": ("val_perplexity", False),
+    "nbody": ("val_position_mse", False),
+}
