@@ -102,6 +102,13 @@ class VersorConfig(GeometricConfig):
                     f"Versor features are Cl(4,1) multivectors of 32 coefficients; use a multiple of 32 "
                     f"(e.g. {max(NUM_BLADES, value // NUM_BLADES * NUM_BLADES)}).",
                 )
+        if self.num_key_value_heads != self.num_attention_heads:
+            _fail(
+                "num_key_value_heads",
+                self.num_key_value_heads,
+                f"Versor does not group keys and values (RRA has none; GPA's kernels take one key-value head per "
+                f"query head); leave it unset or equal to num_attention_heads={self.num_attention_heads}.",
+            )
         if self.rra_accumulate == "full" and self.mixer != "gpa":
             self._check_full_accumulation()
         if self.rotary != "none":

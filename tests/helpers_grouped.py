@@ -1,0 +1,43 @@
+"""Grouped-query models and their repeated twins: the same model with each key-value head's keys and values (and
+ZPX's phase) copied to every query head of its group, built by copying projection rows. A grouped model must
+compute exactly what its twin computes."""
+
+import torch
+from conftest import make_tiny_config
+from transformers import AutoModelForCausalLM
+
+# per family: the output rows of each grouped projection, as (module suffix, rows per head)
+GROUPED_ROWS = {
+    "zpx": lambda config: {
+        "k_proj": config.head_dim,
+        "v_proj": config.head_dim,
+        "to_log_r": config.phase_channels,
+        "to_theta": config.phase_channels,
+        "to_b": config.phase_channels,
+    },
+}
+
+
+def grouped_and_repeated(case: str, num_key_value_heads: int, **overrides):
+    """(grouped model, repeated twin), float64, eval mode, same weights."""
+    torch.manual_seed(0)
+    config = make_tiny_config(case, num_key_value_heads=num_key_value_heads, **overrides)
+    grouped = AutoModelForCausalLM.from_config(config).double().eval()
+    full = AutoModelForCausalLM.from_config(make_tiny_config(case, **overrides)).double().eval()
+    group = config.num_attention_heads // num_key_value_heads
+    rows = GROUPED_ROWS[case.split("-")[0]](config)
+    source = grouped.state_dict()
+    with torch.no_grad():
+        for name, parameter in full.state_dict().items():
+            tensor = source[name]
+            module = name.rsplit(".", 2)[-2]
+            if module in rows and tensor.shape != parameter.shape:  # [Hkv * r, ...] -> [H * r, ...]
+                tensor = tensor.unflatten(0, (num_key_value_heads, rows[module]))
+                tensor = tensor.repeat_interleave(group, dim=0).flatten(0, 1)
+            parameter.copy_(tensor)
+    return grouped, full
+
+
+def repeat_heads(x: torch.Tensor, group: int) -> torch.Tensor:
+    """[B, Hkv, ...] -> [B, Hkv * group, ...]: key-value head kv copied to query heads kv * group .. + group - 1."""
+    return x.repeat_interleave(group, dim=1)
