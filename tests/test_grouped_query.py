@@ -45,6 +45,10 @@ def test_full_heads_are_the_model_before_grouping_bit_for_bit(name):
         ("zpx", dict(num_attention_heads=4, num_key_value_heads=3), "divisor"),
         ("zpx", dict(num_key_value_heads=0), ">= 1"),
         ("pct", dict(num_attention_heads=4, num_key_value_heads=3), "divisor"),
+        ("pct", dict(num_key_value_heads=1), "PCT does not group"),
+        ("versor-gpa", dict(num_key_value_heads=1), "Versor does not group"),
+        ("versor-rra", dict(num_key_value_heads=1), "RRA has none"),
+        ("versor-hybrid", dict(num_key_value_heads=1), "Versor does not group"),
     ],
 )
 def test_num_key_value_heads_is_checked_by_name(case, overrides, fix):
