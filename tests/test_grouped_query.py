@@ -142,7 +142,11 @@ def test_grouped_model_equals_its_repeated_twin(case, key_heads, implementation)
     mask[1, :3] = 0
     for inputs in (dict(attention_mask=mask), dict(position_ids=PACKED_POSITIONS)):
         with torch.no_grad():
-            torch.testing.assert_close(grouped(ids, **inputs).logits, full(ids, **inputs).logits, atol=1e-12, rtol=0)
+            ours, theirs = grouped(ids, output_phases=True, **inputs), full(ids, output_phases=True, **inputs)
+        torch.testing.assert_close(ours.logits, theirs.logits, atol=1e-12, rtol=0)
+        # the centre loss averages over key-value heads: the twin's repeated phases give the same mean
+        torch.testing.assert_close(ours.center_loss, theirs.center_loss, atol=1e-12, rtol=0)
+        assert ours.phases[0].shape[2] == key_heads
     grouped(ids, labels=ids, attention_mask=mask).loss.backward()
     full(ids, labels=ids, attention_mask=mask).loss.backward()
     twin = dict(full.named_parameters())
