@@ -14,7 +14,7 @@ fresh process per method and L.
 RRA, H=4 rotor heads, c=2 value channels per head (the whole op, default accumulate="compact": rotor
 exponentials, scan, sandwich; the state it carries is one rotor, [B, H, 32] float32, whatever L):
 * `rra-sequential` kernel "naive": the loop R_t = R_{t-1} dR_t with matrix exponentials (the reference)
-* `rra-scan`       kernel "cpu": closed-form rotors, log-depth scan, structure-of-arrays complex products
+* `rra-scan`       kernel "scan": closed-form rotors, log-depth scan, structure-of-arrays complex products
 * `rra-triton`     the Triton scan kernel (CUDA only)
 * `rra-sdpa`       torch SDPA, causal, on q, k, v of the same B, H and width (D = 32 c = 64): the baseline
 On CPU the RRA times come from one process per L running the methods interleaved (`--rra-rounds`,
@@ -49,7 +49,7 @@ RRA_CPU_METHODS = ("rra-sdpa", "rra-scan", "rra-sequential")
 RRA_HEADS, RRA_CHANNELS = 4, 2
 # each method's `kernel=` in the ops' one vocabulary (ops_common.KERNEL_NAMES); the labels are the results'
 KERNELS = {"gpa-naive": "naive", "gpa-chunked": "chunk", "gpa-triton": "triton"}
-KERNELS.update({"rra-sequential": "naive", "rra-scan": "cpu", "rra-triton": "triton"})
+KERNELS.update({"rra-sequential": "naive", "rra-scan": "scan", "rra-triton": "triton"})
 
 
 def worker(method: str, length: int, device: str, dtype_name: str) -> dict:

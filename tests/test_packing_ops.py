@@ -242,38 +242,6 @@ def test_every_op_names_its_kernels_from_the_shared_vocabulary():
     assert set(ZPX_KERNELS + PCT_KERNELS + GPA_KERNELS + RRA_KERNELS) == set(KERNEL_NAMES)  # no stale name
 
 
-# What a kernel file of each op may import (README, "How a config field reaches a kernel"): the shared ops
-# module, the algebra, its entry's constant tables; RRA's Triton wrapper reuses the CPU kernel's helpers.
-KERNEL_IMPORTS = {
-    "zpx": {"ops_common"},
-    "pct": {"ops_common"},
-    "gpa": {"ops_common", "clifford_algebra", "ops_gpa"},
-    "rra": {"ops_common", "clifford_algebra", "ops_rra", "ops_rra_cpu"},
-}
-
-
-@pytest.mark.parametrize("op", list(KERNEL_IMPORTS))
-def test_kernel_files_import_only_the_shared_ops_module(op):
-    """The data path reads modeling -> ops entry -> kernel: kernels import `ops_common` (and for the algebra
-    ops the algebra and their entry's tables), never modeling code; the entries import no modeling code."""
-    import ast
-    from pathlib import Path
-
-    import zpx_hf
-
-    paths = sorted(Path(zpx_hf.__file__).parent.glob(f"ops_{op}*.py"))
-    assert len(paths) >= 3
-    for path in paths:
-        imported = {
-            node.module
-            for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.ImportFrom) and node.level == 1
-        }
-        assert not any(name.startswith("modeling") for name in imported), (path.name, imported)
-        if path.stem != f"ops_{op}":  # a kernel file
-            assert imported <= KERNEL_IMPORTS[op], (path.name, imported)
-
-
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 def test_pct_triton_skips_other_documents_tiles_exactly(causal):

@@ -1,6 +1,6 @@
 """Packed sequences through Versor (issue 22): a packed batch equals each document run alone.
 
-In the shape of flash-linear-attention's model tests: every GPA and RRA kernel (naive, cpu, decode,
+In the shape of flash-linear-attention's model tests: every GPA and RRA kernel (naive, chunk / scan, decode,
 Triton under TRITON_INTERPRET=1) and every mixer, outputs and every gradient (float64 tight; fp32 within a
 bound scaled to eps), `DataCollatorWithFlattening` against the unpacked documents, cached token-by-token
 decoding with random left padding against one uncached forward, and the old kernel names.
@@ -172,7 +172,7 @@ RRA_NAMES = ("output", "state", "d bivectors", "d value", "d initial")
 
 
 @pytest.mark.parametrize("accumulate", ["compact", "full"])
-@pytest.mark.parametrize("kernel", ["naive", "cpu", "decode"])
+@pytest.mark.parametrize("kernel", ["naive", "scan", "decode"])
 def test_rra_packed_restarts_the_rotor_at_each_document_float64(kernel, accumulate):
     packed, alone = rra_packed_and_alone(kernel, accumulate, torch.float64)
     for name, got, want in zip(RRA_NAMES, packed, alone):
@@ -180,7 +180,7 @@ def test_rra_packed_restarts_the_rotor_at_each_document_float64(kernel, accumula
 
 
 @pytest.mark.parametrize("accumulate", ["compact", "full"])
-@pytest.mark.parametrize("kernel", ["cpu"] + (["triton"] if HAS_TRITON else []))
+@pytest.mark.parametrize("kernel", ["scan"] + (["triton"] if HAS_TRITON else []))
 def test_rra_packed_restarts_the_rotor_at_each_document_float32(kernel, accumulate):
     # rounding accumulates along a document: within 10 L float32 eps of each quantity's largest entry
     packed, alone = rra_packed_and_alone(kernel, accumulate, torch.float32)
@@ -189,10 +189,10 @@ def test_rra_packed_restarts_the_rotor_at_each_document_float32(kernel, accumula
 
 
 def test_rra_packed_scan_over_long_documents_float64():
-    # documents longer than several scan rounds (log-depth combine across a restart) on the cpu kernel
+    # documents longer than several scan rounds (log-depth combine across a restart) on the scan kernel
     rows = [(40, 1, 23), (64,)]
     leaves = [x.detach() for x in rra_inputs("compact", torch.float64, length=64, heads=1, channels=1)]
-    out, _ = recursive_rotor_accumulator(leaves[0], leaves[1], document_ids=document_ids(rows), kernel="cpu")
+    out, _ = recursive_rotor_accumulator(leaves[0], leaves[1], document_ids=document_ids(rows), kernel="scan")
     for b, start, stop in documents(rows):
         doc, _ = recursive_rotor_accumulator(leaves[0][b : b + 1, start:stop], leaves[1][b : b + 1, start:stop])
         assert_close_scaled(out[b : b + 1, start:stop], doc, 1e-11, f"document {b}:{start}-{stop}")
@@ -203,7 +203,7 @@ def test_rra_packed_scan_over_long_documents_float64():
 
 # the names earlier versions of GPA and RRA used (configs, scripts, benchmarks)
 OLD_GPA_NAMES = {"cpu": "chunk", "chunked": "chunk", "reference": "naive"}
-OLD_RRA_NAMES = {"sequential": "naive", "scan": "cpu", "recurrent": "decode", "step": "decode"}
+OLD_RRA_NAMES = {"cpu": "scan", "sequential": "naive", "recurrent": "decode", "step": "decode"}
 
 
 def test_old_kernel_names_select_the_same_kernels_with_a_warning():

@@ -95,7 +95,7 @@ NAMES = ("output", "state", "d bivectors", "d value", "d initial")
 @pytest.mark.parametrize("with_initial", [False, True], ids=["from-1", "from-state"])
 @pytest.mark.parametrize("accumulate", RRA_ACCUMULATE)
 @pytest.mark.parametrize("shape", GRID, ids=GRID_IDS)
-@pytest.mark.parametrize("kernel", ["cpu", "decode"])
+@pytest.mark.parametrize("kernel", ["scan", "decode"])
 def test_fast_paths_equal_naive_float64(kernel, shape, accumulate, with_initial):
     # "decode" is the decode step (ops_rra_decode) in a loop; "auto" picks it for one token
     leaves = _inputs(*shape, accumulate, with_initial=with_initial)
@@ -142,7 +142,7 @@ def test_triton_equals_naive(shape, accumulate):
     _assert_all_close([g.double() for g in got], want, NAMES, rel=rel)
 
 
-@pytest.mark.parametrize("kernel", ["naive", "cpu", "decode", "auto"])
+@pytest.mark.parametrize("kernel", ["naive", "scan", "decode", "auto"])
 @pytest.mark.parametrize("accumulate", RRA_ACCUMULATE)
 def test_continuing_from_the_state_equals_one_call(kernel, accumulate):
     bivectors, value, initial = (x.detach() for x in _inputs(2, 23, 2, 2, accumulate))
@@ -170,7 +170,7 @@ def test_trajectory_is_the_accumulated_rotor():
 
 def test_zero_bivectors_and_empty_sequences():
     value = torch.randn(2, 5, 3, 2, 32)
-    for kernel in ("naive", "cpu", "decode"):
+    for kernel in ("naive", "scan", "decode"):
         out, state = _run(kernel, "compact", torch.zeros(2, 5, 3, 10), value)
         torch.testing.assert_close(out, value, rtol=1e-6, atol=1e-6)
         assert torch.equal(state[..., 0], torch.ones(2, 3))
@@ -184,7 +184,7 @@ def test_16k_tokens_stay_on_the_group():
     generator = torch.Generator().manual_seed(0)
     bivectors = torch.tanh(torch.randn(1, length, 2, 10, generator=generator))
     value = torch.randn(1, length, 2, 1, 32, generator=generator)
-    out, state = _run("cpu", "compact", bivectors, value)
+    out, state = _run("scan", "compact", bivectors, value)
     assert torch.isfinite(out).all()
     assert float(rotor_norm_error(to_matrix(state)).max()) < 1e-5
     trajectory = rotor_trajectory(bivectors)
@@ -195,8 +195,8 @@ def test_float32_gradient_close_to_float64():
     # the same math in float32 and float64 (1,024 tokens): the fast path's rounding stays small
     leaves64 = _inputs(1, 1024, 2, 2, "compact")
     leaves32 = [x.detach().float().requires_grad_(True) for x in leaves64]
-    want = _forward_and_grads("cpu", "compact", leaves64)
-    got = _forward_and_grads("cpu", "compact", leaves32)
+    want = _forward_and_grads("scan", "compact", leaves64)
+    got = _forward_and_grads("scan", "compact", leaves32)
     _assert_all_close([g.double() for g in got], want, NAMES, rel=1e-4)
 
 
@@ -204,12 +204,12 @@ def test_float32_gradient_close_to_float64():
 @pytest.mark.parametrize("accumulate", RRA_ACCUMULATE)
 def test_bf16_runs_the_algebra_in_float32(mixed, accumulate):
     bivectors, value, initial = _inputs(2, 40, 2, 2, accumulate, dtype=torch.float32)
-    ref_out, ref_state = _run("cpu", accumulate, bivectors, value, initial)
+    ref_out, ref_state = _run("scan", accumulate, bivectors, value, initial)
     if mixed == "autocast":
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            out, state = _run("cpu", accumulate, bivectors, value.bfloat16(), initial)
+            out, state = _run("scan", accumulate, bivectors, value.bfloat16(), initial)
     else:
-        out, state = _run("cpu", accumulate, bivectors.bfloat16(), value.bfloat16(), initial)
+        out, state = _run("scan", accumulate, bivectors.bfloat16(), value.bfloat16(), initial)
     assert out.dtype == torch.bfloat16 and state.dtype == torch.float32
     # inputs rounded to bf16 (2^-8 relative) and the output rounded once: a few bf16 ulps of |y|, not drift
     bound = 4 * 2.0**-8 * float(ref_out.detach().abs().max())
@@ -221,7 +221,7 @@ def test_bf16_runs_the_algebra_in_float32(mixed, accumulate):
 
 def test_bad_arguments_are_named():
     bivectors, value = torch.zeros(1, 3, 2, 10), torch.zeros(1, 3, 2, 1, 32)
-    with pytest.raises(ValueError, match="`kernel`='fast' is not a RRA kernel.*'cpu'"):
+    with pytest.raises(ValueError, match="`kernel`='fast' is not a RRA kernel.*'scan'"):
         recursive_rotor_accumulator(bivectors, value, kernel="fast")
     with pytest.raises(ValueError, match="accumulate='boosts'.*'compact'"):
         recursive_rotor_accumulator(bivectors, value, accumulate="boosts")
@@ -236,15 +236,15 @@ def test_bad_arguments_are_named():
 def test_triton_where_it_cannot_run_is_refused_and_auto_keeps_float64_exact(monkeypatch):
     bivectors, value = torch.zeros(1, 3, 2, 10), torch.zeros(1, 3, 2, 1, 32)
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # a CPU tensor: the op's message, not Triton's "0 active drivers"
-    with pytest.raises(RuntimeError, match="RRA.*kernel='cpu'"):
+    with pytest.raises(RuntimeError, match="RRA.*kernel='scan'"):
         recursive_rotor_accumulator(bivectors, value, kernel="triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     if HAS_TRITON:
         with pytest.raises(ValueError, match="computes in float32"):
             recursive_rotor_accumulator(bivectors, value.double(), kernel="triton")
     cuda = torch.device("cuda")  # resolution only: no CUDA tensor is made
-    assert resolve_rra_kernel("auto", cuda, 12, torch.float64) == "cpu"  # the Triton scan would refuse it
-    assert resolve_rra_kernel("auto", cuda, 12, torch.float32) == ("triton" if HAS_TRITON else "cpu")
+    assert resolve_rra_kernel("auto", cuda, 12, torch.float64) == "scan"  # the Triton scan would refuse it
+    assert resolve_rra_kernel("auto", cuda, 12, torch.float32) == ("triton" if HAS_TRITON else "scan")
 
 
 @pytest.mark.gpu
@@ -253,6 +253,6 @@ def test_triton_on_gpu_16k_matches_scan():
     bivectors = torch.tanh(torch.randn(2, length, 4, 10, device="cuda")).requires_grad_(True)
     value = torch.randn(2, length, 4, 2, 32, device="cuda", requires_grad=True)
     got = _forward_and_grads("triton", "compact", [bivectors, value])
-    want = _forward_and_grads("cpu", "compact", [bivectors, value])
+    want = _forward_and_grads("scan", "compact", [bivectors, value])
     assert float(rotor_norm_error(to_matrix(got[1])).max()) < 1e-5
     _assert_all_close(got, want, NAMES[:4], rel=1e-3)

@@ -294,13 +294,6 @@ def _complex_to_real8(m: torch.Tensor) -> torch.Tensor:
     return torch.cat((torch.cat((x, -y), dim=-1), torch.cat((y, x), dim=-1)), dim=-2)
 
 
-def bivector_to_multivector(bivector: torch.Tensor) -> torch.Tensor:
-    """Place 10 bivector coefficients (order `BIVECTOR_MASKS`) into a `[..., 32]` multivector."""
-    out = bivector.new_zeros(*bivector.shape[:-1], NUM_BLADES)
-    out[..., list(BIVECTOR_MASKS)] = bivector
-    return out
-
-
 # matrix_exp_series: Taylor degree on ||X|| <= 1 (remainder <= 1/19! < 1e-17) and the most squarings (norms
 # up to 2^48; exp of a boost past ~709 overflows float64 long before, rotations are periodic)
 _SERIES_DEGREE, _MAX_SQUARINGS = 18, 48
@@ -526,7 +519,6 @@ __all__ = [
     "NUM_GRADES",
     "CliffordAlgebra",
     "blade_product_sign",
-    "bivector_to_multivector",
     "complex_matmul",
     "conformal_algebra",
     "from_matrix",

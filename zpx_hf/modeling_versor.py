@@ -10,7 +10,8 @@ with a grade-aware RMS norm, channel-mixing linear maps with one weight per grad
 the grade projections), a scalar-gated MLP, and a mixer per layer: geometric product attention
 (`ops_gpa.py`) or the recursive rotor accumulator (`ops_rra.py`). Both dispatch on `attn_implementation`:
 `"eager"` runs the readable references (kernel "naive"), `"sdpa"` the fast paths (kernel "auto": Triton on
-CUDA, the "cpu" kernels elsewhere, RRA's "decode" step for one token); the ops entry points resolve it.
+CUDA, the PyTorch kernels "chunk" (GPA) and "scan" (RRA) elsewhere, RRA's "decode" step for one token); the
+ops entry points resolve it.
 `VersorCache` holds, per layer, the multivector keys/values of GPA layers and only the rotor state of RRA
 layers (O(1) per token).
 
@@ -57,7 +58,7 @@ def gpa_eager(
 def gpa_sdpa(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, gamma: torch.Tensor, **kwargs: Any
 ) -> tuple[torch.Tensor, None]:
-    """The fast path: the ops entry resolves "auto" (Triton on CUDA, the O(L)-memory "cpu" kernel elsewhere)."""
+    """The fast path: the ops entry resolves "auto" (Triton on CUDA, the O(L)-memory "chunk" kernel elsewhere)."""
     return geometric_product_attention(query, key, value, gamma, kernel="auto", **kwargs), None
 
 

@@ -39,8 +39,8 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
 # against the keys they see, ZPX and PCT; `chunk`: query panels x key blocks with an online softmax, GPA; `scan`:
 # a log-depth prefix scan, RRA); the fused Triton kernels; the one-token step of cached decoding; and the
 # length-independent graph of torch.export / ONNX (RRA's).
-KERNEL_NAMES = ("naive", "panel", "chunk", "cpu", "triton", "decode", "export")
-FAST_KERNEL_NAMES = ("panel", "chunk", "scan", "cpu")  # an op has one of them: what `cpu` and its older names select
+KERNEL_NAMES = ("naive", "panel", "chunk", "scan", "triton", "decode", "export")
+FAST_KERNEL_NAMES = ("panel", "chunk", "scan")  # an op has one of them: what `cpu` and its older names select
 # Names earlier versions used (still accepted, with a FutureWarning naming today's): each maps to the candidates,
 # of which the op's own kernel is chosen. `cpu` (before the kernels were named by algorithm) and its earlier
 # names select each op's memory-lean PyTorch path; so does `scan` for the ops whose path is not a scan.

@@ -14,19 +14,20 @@ format keeps R~R = 1 once |R|^2 eps is large, so "full" suits short sequences or
 Packed rows (`document_ids`, equal within a document): the state restarts at 1 at the first token of every
 document after the row's first (which continues `initial`), so no document sees another's rotors.
 
-Kernels (`RRA_KERNELS`), one signature and one function (`rra_naive` is the definition, the others are
-tested against it); earlier names still select them, with a FutureWarning (`ops_common.LEGACY_KERNEL_NAMES`):
+Kernels (`RRA_KERNELS`), one signature (`ops_rra_base.RRAKernel`) and one function (`rra_naive` is the
+definition, the others are tested against it); earlier names still select them, with a FutureWarning
+(`ops_common.LEGACY_KERNEL_NAMES`):
 
 * `"naive"` - `ops_rra_naive.py`: the loop as written, matrix exponentials (earlier: "sequential").
-* `"cpu"` - `ops_rra_cpu.py`: closed-form rotors, a log-depth scan, structure-of-arrays complex products
-  (earlier: "scan").
+* `"scan"` - `ops_rra_scan.py`: closed-form rotors, a log-depth scan, structure-of-arrays complex products
+  (earlier: "cpu").
 * `"triton"` - `ops_rra_triton.py`: a Triton scan kernel (forward and backward), CUDA.
 * `"export"` - `ops_rra_export.py`: real arithmetic and a scan traced independently of the length, for
   `torch.export` / ONNX (what "auto" picks while exporting).
 * `"decode"` - `ops_rra_decode.py`: lean single-token steps (tables and matmuls, few ops): generation
   (earlier: "recurrent").
 * `"auto"` - export while `torch.compiler.is_exporting()`, else decode for a single token (generation with
-  the cache), else triton for CUDA tensors computed in float32 when Triton imports, else cpu.
+  the cache), else triton for CUDA tensors computed in float32 when Triton imports, else scan.
 
 `recursive_rotor_accumulator` checks the inputs once and resolves the kernel once; kernels only compute.
 Numerics: everything algebraic runs in float32 (float64 when an input is float64), with autocast disabled:
@@ -42,56 +43,20 @@ from __future__ import annotations
 
 import torch
 
-from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, from_matrix, rotor_normalize, to_matrix
+from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, from_matrix
 from .ops_common import HAS_TRITON, check_triton_kernel, compute_dtype, kernel_name
+from .ops_rra_base import RRAKernel, document_restarts, from_soa, identity_matrix
+from .ops_rra_decode import rra_decode
+from .ops_rra_export import rra_export
+from .ops_rra_naive import rra_naive
+from .ops_rra_scan import accumulated_rotors, rra_scan
+from .ops_rra_triton import rra_triton
 
-# the sequential kernels re-project the state onto the group every RENORM_EVERY steps
-RENORM_EVERY = 64
-
-
-def project(state: torch.Tensor) -> torch.Tensor:
-    """Straight-through group projection of rotor matrices `[..., 2, 4, 4]`: the value of
-    `rotor_normalize(state)`, the gradient of the identity (the correction is O(rounding) on the group)."""
-    return state + (rotor_normalize(state) - state).detach()
-
-
-def identity_matrix(*shape: int, like: torch.Tensor) -> torch.Tensor:
-    """The rotor 1 as M4(C) real/imag parts `[*shape, 2, 4, 4]`."""
-    one = torch.zeros(32, device=like.device, dtype=like.dtype)
-    one[0] = 1.0
-    return to_matrix(one).expand(*shape, 2, 4, 4)
-
-
-def document_restarts(document_ids: torch.Tensor) -> torch.Tensor:
-    """[B, L] bool, True at the first token of a document that is not the row's first token."""
-    # token t against token max(t - 1, 0) (itself at t = 0): no [B, L - 1] slices, on which export guards L != 2
-    previous = torch.arange(document_ids.shape[1], device=document_ids.device).sub(1).clamp(min=0)
-    return document_ids.index_select(1, previous) != document_ids
-
-
-def segment_bounds(restarts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(first, last) [B, L] int64: the index of the first and of the last token of each token's document."""
-    length = restarts.shape[-1]
-    positions = torch.arange(length, device=restarts.device).expand_as(restarts)
-    first = torch.where(restarts, positions, 0).cummax(-1).values
-    ends = torch.ones_like(restarts)
-    ends[:, :-1] = restarts[:, 1:]
-    last = torch.where(ends, positions, length - 1).flip(-1).cummin(-1).values.flip(-1)
-    return first, last
-
-
-# The kernels import the pieces above from here, so they are defined first.
-from .ops_rra_cpu import accumulated_rotors, from_soa, rra_cpu  # noqa: E402
-from .ops_rra_decode import rra_decode  # noqa: E402
-from .ops_rra_export import rra_export  # noqa: E402
-from .ops_rra_naive import rra_naive  # noqa: E402
-from .ops_rra_triton import rra_triton  # noqa: E402
-
-RRA_KERNELS = ("naive", "cpu", "triton", "decode", "export")
+RRA_KERNELS = ("naive", "scan", "triton", "decode", "export")
 RRA_ACCUMULATE = ("compact", "full")
-_KERNEL_FUNCTIONS = {
+_KERNEL_FUNCTIONS: dict[str, RRAKernel] = {
     "naive": rra_naive,
-    "cpu": rra_cpu,
+    "scan": rra_scan,
     "triton": rra_triton,
     "decode": rra_decode,
     "export": rra_export,
@@ -107,8 +72,8 @@ def resolve_rra_kernel(kernel: str, device: torch.device, length: int, dtype: to
             return "export"
         if length == 1:
             return "decode"
-        # float64 stays on the exact "cpu" scan: the Triton scan computes in float32
-        return "triton" if HAS_TRITON and device.type == "cuda" and dtype == torch.float32 else "cpu"
+        # float64 stays on the exact "scan" kernel: the Triton scan computes in float32
+        return "triton" if HAS_TRITON and device.type == "cuda" and dtype == torch.float32 else "scan"
     return kernel
 
 
@@ -167,22 +132,24 @@ def recursive_rotor_accumulator(
     dtype = compute_dtype(bivectors, value, initial)
     name = resolve_rra_kernel(kernel, bivectors.device, bivectors.shape[1], dtype)
     if name == "triton":  # the package and a CUDA tensor (or the interpreter), else a clear error
-        check_triton_kernel("RRA", bivectors, (torch.float32, torch.float16, torch.bfloat16), "cpu")
+        check_triton_kernel("RRA", bivectors, (torch.float32, torch.float16, torch.bfloat16), "scan")
         if dtype != torch.float32:
             raise ValueError(
-                "kernel='triton' computes in float32; pass float32 (or bf16/fp16) inputs or use kernel='cpu'."
+                "kernel='triton' computes in float32; pass float32 (or bf16/fp16) inputs or use kernel='scan'."
             )
     if bivectors.shape[1] == 0:  # nothing to accumulate: the state passes through
         batch, _, heads = bivectors.shape[:3]
         state = initial.to(dtype) if initial is not None else from_matrix(identity_matrix(batch, heads, like=value))
         return value.clone(), state.to(dtype)
-    restarts = None if document_ids is None else document_restarts(document_ids.to(bivectors.device))
-    inputs = (_cast(bivectors, dtype), _cast(value, dtype), accumulate, _cast(initial, dtype), restarts)
+    if document_ids is not None and document_ids.device != bivectors.device:
+        document_ids = document_ids.to(bivectors.device)
+    fn, inputs = _KERNEL_FUNCTIONS[name], (_cast(bivectors, dtype), _cast(value, dtype))
+    options = {"accumulate": accumulate, "initial": _cast(initial, dtype), "document_ids": document_ids}
     if torch.is_autocast_enabled(bivectors.device.type):
         with torch.autocast(device_type=bivectors.device.type, enabled=False):
-            out, state = _KERNEL_FUNCTIONS[name](*inputs)
+            out, state = fn(*inputs, **options)
     else:  # decode runs one token per layer: no context manager when there is nothing to turn off
-        out, state = _KERNEL_FUNCTIONS[name](*inputs)
+        out, state = fn(*inputs, **options)
     return _cast(out, value.dtype), state
 
 
@@ -207,15 +174,10 @@ def rotor_trajectory(
 
 __all__ = [
     "HAS_TRITON",
-    "RENORM_EVERY",
     "RRA_ACCUMULATE",
     "RRA_KERNELS",
     "check_rra_inputs",
-    "document_restarts",
-    "identity_matrix",
-    "project",
     "recursive_rotor_accumulator",
     "resolve_rra_kernel",
     "rotor_trajectory",
-    "segment_bounds",
 ]

@@ -33,6 +33,7 @@ from .clifford_algebra import (
     rotor_exp_matrix,
     spin4_table,
 )
+from .ops_rra_base import document_restarts
 
 # squared angles below this are clamped (sqrt and x / x stay finite; the gradient 2 w vanishes there anyway)
 _TINY_ANGLE2 = 1e-30
@@ -145,15 +146,17 @@ def rra_step(
 def rra_decode(
     bivectors: torch.Tensor,
     value: torch.Tensor,
+    *,
     accumulate: str,
     initial: torch.Tensor | None,
-    restarts: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`rra_naive`'s signature and result (up to rounding) as `rra_step` per token: one token (generation) is
-    one step; a short chunk is a loop of steps, the state reset to 1 where `restarts` starts a document."""
+    """`ops_rra_base.RRAKernel`: `rra_naive`'s result (up to rounding) as `rra_step` per token: one token
+    (generation) is one step; a short chunk is a loop of steps, the state reset to 1 where a document starts."""
     if bivectors.shape[1] == 1:  # the decode step alone, without the loop's unbind/stack
         out, state = rra_step(bivectors.select(1, 0), value.select(1, 0), accumulate, initial)
         return out.unsqueeze(1), state
+    restarts = document_restarts(document_ids)
     state = initial
     outputs = []
     one = torch.zeros(NUM_BLADES, device=value.device, dtype=value.dtype)

@@ -14,7 +14,7 @@ holds only real tensors:
 * Documents by segment ids (a cumulative sum of the restarts): t - 2^r is in t's document iff the ids match,
   which exports where `segment_bounds`' cummax does not.
 
-Eager users never run this: "auto" keeps the "cpu" kernel (fewer rounds, SoA products, its own backward)
+Eager users never run this: "auto" keeps the "scan" kernel (fewer rounds, SoA products, its own backward)
 outside export. "full" takes the per-token matrix exponential by scaling and squaring with a fixed trace
 (`clifford_algebra.matrix_exp_series`: ONNX has no matrix-exponential operator); "compact" (the default) is
 closed form throughout.
@@ -42,7 +42,7 @@ from .clifford_algebra import (
     spin4_to_multivector,
     to_matrix,
 )
-from .ops_rra import project
+from .ops_rra_base import document_restarts, project
 
 # the longest sequence an exported graph accepts when its length is symbolic: 2^16 tokens, 16 scan rounds
 EXPORT_MAX_LENGTH = 2**16
@@ -78,16 +78,19 @@ def prefix_scan_tokens(
 def rra_export(
     bivectors: torch.Tensor,
     value: torch.Tensor,
+    *,
     accumulate: str,
     initial: torch.Tensor | None,
-    restarts: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`rra_naive`'s signature and result (up to rounding), real tensors and a length-independent trace."""
+    """`ops_rra_base.RRAKernel`: `rra_naive`'s result (up to rounding), real tensors and a length-independent
+    trace."""
+    restarts = document_restarts(document_ids)
     segments = None if restarts is None else restarts.long().cumsum(-1)  # [B, L] document ids, 0 = the first
     if accumulate == "compact":
         pairs = rotation_rotor(bivectors[..., list(ROTATION_INDICES)])  # [B, L, H, 2, 4]
         pairs = prefix_scan_tokens(pairs, quaternion_product, segments)  # the two halves independently
-        pairs = pairs / pairs.square().sum(-1, keepdim=True).sqrt()  # exact re-projection, as "cpu"
+        pairs = pairs / pairs.square().sum(-1, keepdim=True).sqrt()  # exact re-projection, as "scan"
         rotors = spin4_to_matrix(pairs)  # [B, L, H, 2, 4, 4]
         if initial is not None:  # `initial` continues the row's first document only
             continued = complex_matmul(to_matrix(initial)[:, None], rotors)
@@ -105,7 +108,7 @@ def rra_export(
             first = complex_matmul(to_matrix(initial)[:, None], steps[:, :1])
             steps = torch.cat((first, steps[:, 1:]), dim=1)
         rotors = prefix_scan_tokens(steps, complex_matmul, segments)
-        transforms = project(rotors)  # one straight-through Newton step, as the "cpu" scan
+        transforms = project(rotors)  # one straight-through Newton step, as the "scan" kernel
         state = from_matrix(project(transforms[:, -1]))
     return sandwich(transforms[:, :, :, None], value), state
 

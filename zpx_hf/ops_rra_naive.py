@@ -6,7 +6,7 @@
 
 with T_t = R_t for `accumulate="full"`, and for `"compact"` (docs/design.md §5.5) R_t accumulating only the 6 rotation
 bivectors while the 4 boosts A_t act per token: T_t = R_t exp(-A_t/2). The state is re-projected onto the
-group every `RENORM_EVERY` steps and on return (straight-through: `ops_rra.project`).
+group every `RENORM_EVERY` steps and on return (straight-through: `ops_rra_base.project`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .clifford_algebra import ROTATION_INDICES, complex_matmul, from_matrix, rotor_exp_matrix, sandwich, to_matrix
-from .ops_rra import RENORM_EVERY, identity_matrix, project
+from .ops_rra_base import RENORM_EVERY, document_restarts, identity_matrix, project
 
 
 def split_bivectors(bivectors: torch.Tensor, accumulate: str) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -30,14 +30,15 @@ def split_bivectors(bivectors: torch.Tensor, accumulate: str) -> tuple[torch.Ten
 def rra_naive(
     bivectors: torch.Tensor,
     value: torch.Tensor,
+    *,
     accumulate: str,
     initial: torch.Tensor | None,
-    restarts: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bivectors `[B, L, H, 10]`, values `[B, L, H, c, 32]`, initial rotor `[B, H, 32]` (multivector
-    coefficients) or None, restarts `[B, L]` bool (a document starts) or None -> `(y [B, L, H, c, 32],
-    final rotor [B, H, 32])`, in the inputs' dtype."""
+    """`ops_rra_base.RRAKernel`, the loop as written: `(y [B, L, H, c, 32], final rotor [B, H, 32])` in the
+    inputs' dtype."""
     batch, _, heads = bivectors.shape[:3]
+    restarts = document_restarts(document_ids)  # [B, L] bool: a document starts (None: one per row)
     accumulated, local = split_bivectors(bivectors, accumulate)
     one = identity_matrix(batch, heads, like=value)
     state = one if initial is None else to_matrix(initial)

@@ -5,7 +5,7 @@ re-projecting the state every `RENORM_EVERY` steps (R <- R (3 - ~R R) / 2, strai
 it to 1 where a packed document starts. Its backward runs the reverse recursion: with G_t = dL/dR_t and
 Gbar_t = G_t + Gbar_{t+1} dR_{t+1}^H (no carry across a document start), dL/d dR_t = R_{t-1}^H Gbar_t
 (R_{t-1} = 1 at a document start) and dL/dR_{-1} = Gbar_0 dR_0^H. Per-token rotors (closed forms for compact,
-matrix exponentials for full) and the sandwich come from `ops_rra_cpu`.
+matrix exponentials for full) and the sandwich come from `ops_rra_base` (shared with the scan kernel).
 """
 
 from __future__ import annotations
@@ -22,8 +22,16 @@ from .clifford_algebra import (
     to_matrix,
 )
 from .ops_common import HAS_TRITON, tl, triton
-from .ops_rra import RENORM_EVERY, identity_matrix, project
-from .ops_rra_cpu import boost_matrices_soa, matmul_soa, sandwich_values, to_soa
+from .ops_rra_base import (
+    RENORM_EVERY,
+    boost_matrices_soa,
+    document_restarts,
+    identity_matrix,
+    matmul_soa,
+    project,
+    sandwich_values,
+    to_soa,
+)
 
 if HAS_TRITON:
 
@@ -190,12 +198,14 @@ def rotor_scan_triton(
 def rra_triton(
     bivectors: torch.Tensor,
     value: torch.Tensor,
+    *,
     accumulate: str,
     initial: torch.Tensor | None,
-    restarts: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`rra_naive`'s signature and result (up to rounding) with the Triton scan; float32."""
+    """`ops_rra_base.RRAKernel`: `rra_naive`'s result (up to rounding) with the Triton scan; float32."""
     batch, length, heads = bivectors.shape[:3]
+    restarts = document_restarts(document_ids)
     tokens = bivectors.transpose(1, 2)  # [B, H, L, 10]
     if accumulate == "compact":
         steps = spin4_to_matrix(rotation_rotor(tokens[..., list(ROTATION_INDICES)]))

@@ -1,4 +1,4 @@
-"""Recursive rotor accumulator, the fast PyTorch path (kernel "cpu": CPU, and any device without Triton).
+"""Recursive rotor accumulator by a log-depth scan in PyTorch (kernel "scan": CPU, and any device without Triton).
 
 Same function as `ops_rra_naive.rra_naive`, written for the hardware:
 
@@ -9,9 +9,8 @@ Same function as `ops_rra_naive.rra_naive`, written for the hardware:
   instead of a Python loop over time. The result is re-projected onto the group once (a quaternion pair is
   normalised exactly; a general rotor by one Newton step), straight-through as in the reference. Packed
   rows scan segmented: round d combines x[t - d] x[t] only when t - d lies in t's document.
-* Structure-of-arrays layout: matrix entries and quaternion components lead, tokens (B, H, L) are the last,
-  long, contiguous axis, so every product is a few elementwise ops or one small-by-wide GEMM; complex
-  entries use torch's complex dtype (one multiply, not four real ones). The reverse is an index permutation
+* Structure-of-arrays layout (`ops_rra_base`, shared with the Triton kernel): matrix entries and quaternion
+  components lead, tokens (B, H, L) are the last, long, contiguous axis. The reverse is an index permutation
   with signs (`clifford_algebra.matrix_reverse`).
 
 "full" (every bivector accumulated, boosts included) has no closed form here: its per-token rotors are
@@ -25,72 +24,24 @@ import torch
 from .clifford_algebra import (
     BOOST_INDICES,
     ROTATION_INDICES,
-    boost_rotor,
-    boost_to_matrix,
     from_matrix,
-    matrix_basis,
-    reverse_signs_matrix,
     rotation_rotor,
     rotor_exp_matrix,
     spin4_table,
     spin4_to_multivector,
     to_matrix,
 )
-from .ops_rra import project, segment_bounds
-
-# ---- structure-of-arrays helpers: a matrix is [4, 4, *tokens] complex, a quaternion pair [4, 2, *tokens] ----
-
-
-def to_soa(matrix: torch.Tensor) -> torch.Tensor:
-    """Real/imag parts `[*tokens, 2, 4, 4]` -> complex `[4, 4, *tokens]`."""
-    moved = matrix.movedim((-3, -2, -1), (0, 1, 2))
-    return torch.complex(moved[0], moved[1])
-
-
-def from_soa(matrix: torch.Tensor) -> torch.Tensor:
-    """Complex `[4, 4, *tokens]` -> real/imag parts `[*tokens, 2, 4, 4]`."""
-    return torch.stack((matrix.real, matrix.imag)).movedim((0, 1, 2), (-3, -2, -1))
-
-
-def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    # (A B)[i, k] = sum_j A[i, j] B[j, k]: broadcast multiply-adds over the token axes, accumulated in place
-    # (autograd never sees this: `_MatmulSoA` differentiates it)
-    out = a[:, 0, None] * b[None, 0]
-    for j in range(1, a.shape[1]):
-        out.addcmul_(a[:, j, None], b[None, j])
-    return out
-
-
-class _MatmulSoA(torch.autograd.Function):
-    """Matrix products `[n, n, ...]` with token axes last; the backward written out (dA = dC B^H,
-    dB = A^H dC, summed over broadcast axes) costs two products, where autograd's broadcast-multiply backward
-    costs several times the forward."""
-
-    @staticmethod
-    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.save_for_backward(a, b)
-        return _product(a, b)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:  # type: ignore[override]
-        a, b = ctx.saved_tensors
-        grad_a = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_a = _product(grad, b.conj().transpose(0, 1)).sum_to_size(a.shape)
-        if ctx.needs_input_grad[1]:
-            grad_b = _product(a.conj().transpose(0, 1), grad).sum_to_size(b.shape)
-        return grad_a, grad_b
-
-
-def matmul_soa(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """(A B)[i, k] = sum_j A[i, j] B[j, k] for `[4, 4, ...]` (token axes broadcast)."""
-    return _MatmulSoA.apply(a, b)
-
-
-def reverse_soa(matrix: torch.Tensor) -> torch.Tensor:
-    """~M for `[4, 4, ...]`: the anti-diagonal transpose with signs of `matrix_reverse`."""
-    signs = reverse_signs_matrix(matrix.device, matrix.real.dtype)
-    return matrix.flip(0, 1).transpose(0, 1) * signs.reshape(4, 4, *([1] * (matrix.dim() - 2)))
+from .ops_rra_base import (
+    boost_matrices_soa,
+    document_restarts,
+    from_soa,
+    matmul_soa,
+    project,
+    reverse_soa,
+    sandwich_values,
+    segment_bounds,
+    to_soa,
+)
 
 
 def quaternion_product_soa(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -179,11 +130,6 @@ def _spin4_matrix_soa(pairs: torch.Tensor) -> torch.Tensor:
     return torch.complex(out[0], out[1])
 
 
-def boost_matrices_soa(boost: torch.Tensor) -> torch.Tensor:
-    """Per-token boost rotors exp(-A/2) from boost bivectors `[*tokens, 4]` -> complex `[4, 4, *tokens]`."""
-    return to_soa(boost_to_matrix(boost_rotor(boost)))
-
-
 def accumulated_rotors(
     bivectors: torch.Tensor, accumulate: str, initial: torch.Tensor | None, restarts: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -215,40 +161,16 @@ def final_state(rotors: torch.Tensor, pairs: torch.Tensor | None, initial: torch
     return from_matrix(project(from_soa(rotors[..., -1])))
 
 
-def encode_values(value: torch.Tensor) -> torch.Tensor:
-    """Values `[B, L, H, c, 32]` -> complex matrices `[4, 4, c, B, H, L]` (one GEMM with the basis)."""
-    batch, length, heads, channels = value.shape[:4]
-    basis = matrix_basis(value.device, value.dtype).reshape(32, 32)  # blade x (re/im, i, j)
-    flat = value.permute(3, 0, 2, 1, 4).reshape(-1, 32)  # (c, B, H, L) x blade
-    out = (basis.T @ flat.T).reshape(2, 4, 4, channels, batch, heads, length)
-    return torch.complex(out[0], out[1])
-
-
-def decode_values(matrix: torch.Tensor) -> torch.Tensor:
-    """Complex `[4, 4, c, B, H, L]` -> multivectors `[B, L, H, c, 32]`: a_A = Re Tr(M E_A^dagger) / 4."""
-    channels, batch, heads, length = matrix.shape[2:]
-    basis = matrix_basis(matrix.device, matrix.real.dtype).reshape(32, 32)
-    parts = torch.stack((matrix.real, matrix.imag)).reshape(32, -1)
-    out = (basis @ parts / 4).reshape(32, channels, batch, heads, length)
-    return out.permute(2, 4, 3, 1, 0)
-
-
-def sandwich_values(transforms: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """y = T v ~T for transforms `[4, 4, B, H, L]` (complex) and values `[B, L, H, c, 32]`."""
-    transforms = transforms.unsqueeze(2)  # broadcast over channels
-    rotated = matmul_soa(matmul_soa(transforms, encode_values(value)), reverse_soa(transforms))
-    return decode_values(rotated)
-
-
-def rra_cpu(
+def rra_scan(
     bivectors: torch.Tensor,
     value: torch.Tensor,
+    *,
     accumulate: str,
     initial: torch.Tensor | None,
-    restarts: torch.Tensor | None,
+    document_ids: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`rra_naive`'s signature and result (up to rounding) through closed forms and a log-depth scan."""
-    rotors, pairs = accumulated_rotors(bivectors, accumulate, initial, restarts)
+    """`ops_rra_base.RRAKernel`: `rra_naive`'s result (up to rounding) through closed forms and a log-depth scan."""
+    rotors, pairs = accumulated_rotors(bivectors, accumulate, initial, document_restarts(document_ids))
     transforms = rotors
     if accumulate == "compact":
         boosts = bivectors.transpose(1, 2)[..., list(BOOST_INDICES)]
@@ -256,18 +178,4 @@ def rra_cpu(
     return sandwich_values(transforms, value), final_state(rotors, pairs, initial)
 
 
-__all__ = [
-    "accumulated_rotors",
-    "boost_matrices_soa",
-    "decode_values",
-    "encode_values",
-    "from_soa",
-    "matmul_soa",
-    "prefix_scan",
-    "quaternion_product_soa",
-    "reverse_soa",
-    "rra_cpu",
-    "sandwich_values",
-    "suffix_sum",
-    "to_soa",
-]
+__all__ = ["accumulated_rotors", "final_state", "prefix_scan", "quaternion_product_soa", "rra_scan", "suffix_sum"]
