@@ -3,10 +3,11 @@
     python benchmarks/bench_kv_cache.py            # writes benchmarks/results/bench_kv_cache.md
     python benchmarks/bench_kv_cache.py --quick    # tiny sizes, prints only
 
-One decoder layer per model (hidden 512, 8 query heads of 64, ZPX with 8 phase channels), float32, a prefill of
-L = 1024 random tokens through `AutoModelForCausalLM` with the cache; the bytes are those of the cache layer's
-own key and value tensors (`DynamicCache`), so ZPX's keys count as the k^ = [k, cos phi, sin phi, s] it stores
-(d + 5C wide). Exact counts, not timings: the numbers do not depend on the machine.
+One decoder layer per model (hidden 512, 8 query heads of 64 real features, ZPX with 8 phase channels, PCT
+complex: 32 complex features per head), float32, a prefill of L = 1024 random tokens through
+`AutoModelForCausalLM` with the cache; the bytes are those of the cache layer's own key and value tensors
+(`DynamicCache`), so ZPX's keys count as the k^ = [k, cos phi, sin phi, s] it stores (d + 5C wide). Exact
+counts, not timings: the numbers do not depend on the machine.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from transformers import AutoModelForCausalLM
 import zpx_hf
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CASES = (("zpx", dict(phase_channels=8)),)
+CASES = (("zpx", dict(phase_channels=8)), ("pct", {}))
 
 
 def cache_bytes(family: str, extra: dict, key_heads: int, size: dict) -> tuple[int, tuple[int, ...]]:

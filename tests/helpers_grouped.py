@@ -15,6 +15,8 @@ GROUPED_ROWS = {
         "to_theta": config.phase_channels,
         "to_b": config.phase_channels,
     },
+    # complex projections: `.real` and `.imag` sub-linears, d = complex_head_dim rows per head each
+    "pct": lambda config: {"k_proj": config.complex_head_dim, "v_proj": config.complex_head_dim},
 }
 
 
@@ -30,8 +32,8 @@ def grouped_and_repeated(case: str, num_key_value_heads: int, **overrides):
     with torch.no_grad():
         for name, parameter in full.state_dict().items():
             tensor = source[name]
-            module = name.rsplit(".", 2)[-2]
-            if module in rows and tensor.shape != parameter.shape:  # [Hkv * r, ...] -> [H * r, ...]
+            module = next((part for part in name.split(".") if part in rows), None)
+            if module is not None and tensor.shape != parameter.shape:  # [Hkv * r, ...] -> [H * r, ...]
                 tensor = tensor.unflatten(0, (num_key_value_heads, rows[module]))
                 tensor = tensor.repeat_interleave(group, dim=0).flatten(0, 1)
             parameter.copy_(tensor)

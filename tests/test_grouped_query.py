@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_VOCAB, make_tiny_config
+from conftest import TINY_VOCAB, assert_close_eps, make_tiny_config
 from helpers_grouped import grouped_and_repeated, repeat_heads
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import zpx_hf
+from zpx_hf.ops_pct import pct_attention
 from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention
 
 FIXTURES = Path(__file__).parent / "fixtures" / "mha"
@@ -45,7 +46,6 @@ def test_full_heads_are_the_model_before_grouping_bit_for_bit(name):
         ("zpx", dict(num_attention_heads=4, num_key_value_heads=3), "divisor"),
         ("zpx", dict(num_key_value_heads=0), ">= 1"),
         ("pct", dict(num_attention_heads=4, num_key_value_heads=3), "divisor"),
-        ("pct", dict(num_key_value_heads=1), "PCT does not group"),
         ("versor-gpa", dict(num_key_value_heads=1), "Versor does not group"),
         ("versor-rra", dict(num_key_value_heads=1), "RRA has none"),
         ("versor-hybrid", dict(num_key_value_heads=1), "Versor does not group"),
@@ -125,7 +125,7 @@ def test_zpx_kernels_refuse_key_heads_that_do_not_divide_the_query_heads():
         )
 
 
-CASES = [("zpx", 1), ("zpx", 2)]
+CASES = [("zpx", 1), ("zpx", 2), ("pct", 1), ("pct", 2)]
 PACKED_POSITIONS = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2]])
 
 
@@ -142,11 +142,12 @@ def test_grouped_model_equals_its_repeated_twin(case, key_heads, implementation)
     mask[1, :3] = 0
     for inputs in (dict(attention_mask=mask), dict(position_ids=PACKED_POSITIONS)):
         with torch.no_grad():
-            ours, theirs = grouped(ids, output_phases=True, **inputs), full(ids, output_phases=True, **inputs)
+            phases = dict(output_phases=True) if case == "zpx" else {}
+            ours, theirs = grouped(ids, **phases, **inputs), full(ids, **phases, **inputs)
         torch.testing.assert_close(ours.logits, theirs.logits, atol=1e-12, rtol=0)
-        # the centre loss averages over key-value heads: the twin's repeated phases give the same mean
-        torch.testing.assert_close(ours.center_loss, theirs.center_loss, atol=1e-12, rtol=0)
-        assert ours.phases[0].shape[2] == key_heads
+        if phases:  # the centre loss averages over key-value heads: the twin's repeated phases give the same mean
+            torch.testing.assert_close(ours.center_loss, theirs.center_loss, atol=1e-12, rtol=0)
+            assert ours.phases[0].shape[2] == key_heads
     grouped(ids, labels=ids, attention_mask=mask).loss.backward()
     full(ids, labels=ids, attention_mask=mask).loss.backward()
     twin = dict(full.named_parameters())
@@ -184,3 +185,72 @@ def test_tiny_grouped_config_saves_and_reloads(tmp_path):
     again = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert again.config.num_key_value_heads == 1
     assert again.model.layers[0].self_attn.k_proj.weight.shape[0] == model.config.head_dim
+
+
+PCT_KERNELS = [("naive", 5), ("panel", 5), ("panel", 7), ("decode", 1), ("triton", 5), ("triton", 7)]
+
+
+@pytest.mark.parametrize("masks", sorted(MASKS))
+@pytest.mark.parametrize("kernel, l_q", PCT_KERNELS)
+@pytest.mark.parametrize("key_heads", [1, 2])
+def test_pct_kernels_take_grouped_keys_as_their_repeats(kernel, l_q, key_heads, masks, monkeypatch):
+    """Every PCT kernel on grouped k / v equals the naive reference on k / v repeated per query head, forward and
+    every gradient (dq, dtau, db alike; dk and dv the group sums of the repeated ones): float64, Triton in float32
+    under the interpreter against the float64 reference at eps scale. Panels of 2 rows: several per call."""
+    monkeypatch.setattr("zpx_hf.ops_pct_panel.PANEL_ROWS", 2)
+    key_padding_mask, document_ids = MASKS[masks]
+    dtype = torch.float32 if kernel == "triton" else torch.float64
+    generator = torch.Generator().manual_seed(3)
+
+    def unit(*shape):  # L2-normalised rows, as the model gives the kernels
+        x = torch.randn(*shape, dtype=torch.float64, generator=generator)
+        return x / x.norm(dim=-1, keepdim=True)
+
+    query, key, value = unit(2, 4, l_q, 16), unit(2, key_heads, 7, 16), torch.randn(2, key_heads, 7, 16).double()
+    tau = torch.tensor([3.0, 5.0, 2.0, 4.0], dtype=torch.float64)
+    bias = torch.tensor([-1.0, -2.0, 0.5, -0.5], dtype=torch.float64)
+    inputs = [x.to(dtype).requires_grad_() for x in (query, key, value, tau, bias)]
+    options = dict(causal=True, key_padding_mask=key_padding_mask, document_ids=document_ids)
+    output = pct_attention(*inputs, kernel=kernel, **options)
+    group = 4 // key_heads
+    reference_inputs = [query, repeat_heads(key, group), repeat_heads(value, group), tau, bias]
+    reference_inputs = [x.clone().requires_grad_() for x in reference_inputs]
+    reference = pct_attention(*reference_inputs, kernel="naive", **options)
+    grad = torch.randn(reference.shape, dtype=torch.float64, generator=generator)
+    grads = torch.autograd.grad(output, inputs, grad.to(dtype))
+    reference_grads = list(torch.autograd.grad(reference, reference_inputs, grad))
+    for i in (1, 2):  # the grouped tensors' gradients: summed over each key-value head's query heads
+        reference_grads[i] = reference_grads[i].unflatten(1, (key_heads, group)).sum(2)
+    for got, want in zip((output, *grads), (reference, *reference_grads)):
+        if dtype == torch.float64:
+            torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+        else:
+            assert_close_eps(got, want, ulps=256)
+
+
+@pytest.mark.parametrize("rotary", [True, False])
+def test_pct_grouped_projection_closed_form_backward_matches_autograd(rotary):
+    """`query_key_value` with fewer key-value heads: its forward equals `query_key_value_naive` and its closed-form
+    backward equals autograd through it (float64) and finite differences."""
+    from zpx_hf.modeling_pct import query_key_value, query_key_value_naive, rotation_tables
+
+    torch.manual_seed(0)
+    batch, length, heads, key_heads, dim = 2, 5, 4, 2, 3
+    qkv = torch.randn(batch, length, 2 * (heads + 2 * key_heads) * dim, dtype=torch.float64)
+    angle = torch.randn(batch, length, dim, dtype=torch.float64)
+    tables = rotation_tables(1.5 * angle.cos(), 1.5 * angle.sin(), torch.float64) if rotary else None
+    outputs = query_key_value(qkv, heads, dim, 1e-6, tables, key_heads)
+    assert [tuple(x.shape) for x in outputs] == [(2, 4, 5, 6), (2, 2, 5, 6), (2, 2, 5, 6)]
+    for got, want in zip(outputs, query_key_value_naive(qkv, heads, dim, 1e-6, tables, key_heads)):
+        assert torch.equal(got, want)
+    grads = [torch.randn_like(x) for x in outputs]
+
+    def gradient(fn):
+        x = qkv.clone().requires_grad_()
+        return torch.autograd.grad(fn(x, heads, dim, 1e-6, tables, key_heads), x, grads)[0]
+
+    torch.testing.assert_close(gradient(query_key_value), gradient(query_key_value_naive), rtol=0, atol=1e-12)
+    short = None if tables is None else tuple(t[:1, :, :3] for t in tables)
+    assert torch.autograd.gradcheck(
+        lambda x: query_key_value(x, heads, dim, 1e-6, short, key_heads), (qkv[:1, :3].clone().requires_grad_(),)
+    )

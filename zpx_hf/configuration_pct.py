@@ -153,13 +153,6 @@ class PCTConfig(GeometricConfig):
     }
 
     def _validate_family(self) -> None:
-        if self.num_key_value_heads != self.num_attention_heads:
-            _fail(
-                "num_key_value_heads",
-                self.num_key_value_heads,
-                f"PCT does not group keys and values yet (its joint q/k/v projection has one key-value head per "
-                f"query head); leave it unset or equal to num_attention_heads={self.num_attention_heads}.",
-            )
         for field in ("hidden_size", "head_dim", "intermediate_size"):
             if getattr(self, field) % 2:
                 _fail(
