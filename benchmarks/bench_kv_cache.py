@@ -4,10 +4,11 @@
     python benchmarks/bench_kv_cache.py --quick    # tiny sizes, prints only
 
 One decoder layer per model (hidden 512, 8 query heads of 64 real features, ZPX with 8 phase channels, PCT
-complex: 32 complex features per head), float32, a prefill of L = 1024 random tokens through
-`AutoModelForCausalLM` with the cache; the bytes are those of the cache layer's own key and value tensors
-(`DynamicCache`), so ZPX's keys count as the k^ = [k, cos phi, sin phi, s] it stores (d + 5C wide). Exact
-counts, not timings: the numbers do not depend on the machine.
+complex: 32 complex features per head; Versor GPA: 2 multivectors of 32 per head), float32, a prefill of
+L = 1024 random tokens through `AutoModelForCausalLM` with the cache; the bytes are those of the cache layer's
+own key and value tensors (`DynamicCache`; Versor's `VersorCache`), so ZPX's keys count as the
+k^ = [k, cos phi, sin phi, s] it stores (d + 5C wide). Exact counts, not timings: the numbers do not depend on
+the machine.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from transformers import AutoModelForCausalLM
 import zpx_hf
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CASES = (("zpx", dict(phase_channels=8)), ("pct", {}))
+CASES = (("zpx", dict(phase_channels=8)), ("pct", {}), ("versor", dict(mixer="gpa")))
 
 
 def cache_bytes(family: str, extra: dict, key_heads: int, size: dict) -> tuple[int, tuple[int, ...]]:
@@ -40,9 +41,13 @@ def cache_bytes(family: str, extra: dict, key_heads: int, size: dict) -> tuple[i
     model = AutoModelForCausalLM.from_config(config).eval()
     ids = torch.randint(3, 260, (1, size["length"]))
     with torch.no_grad():
-        layer = model(ids, use_cache=True).past_key_values.layers[0]
-    total = sum(t.numel() * t.element_size() for t in (layer.keys, layer.values))
-    return total, tuple(layer.keys.shape)
+        cache = model(ids, use_cache=True).past_key_values
+    if hasattr(cache, "layers"):  # DynamicCache
+        keys, values = cache.layers[0].keys, cache.layers[0].values
+    else:  # Versor's own cache: GPA keys and values per layer
+        keys, values = cache.keys[0], cache.values[0]
+    total = sum(t.numel() * t.element_size() for t in (keys, values))
+    return total, tuple(keys.shape)
 
 
 def main() -> None:

@@ -17,7 +17,10 @@ GROUPED_ROWS = {
     },
     # complex projections: `.real` and `.imag` sub-linears, d = complex_head_dim rows per head each
     "pct": lambda config: {"k_proj": config.complex_head_dim, "v_proj": config.complex_head_dim},
+    # VersorLinear weights [grades, out, in]: the output channels are dim 1 (head_channels per head)
+    "versor": lambda config: {"k_proj": config.head_channels, "v_proj": config.head_channels},
 }
+OUTPUT_DIM = {"versor": 1}
 
 
 def grouped_and_repeated(case: str, num_key_value_heads: int, **overrides):
@@ -34,8 +37,9 @@ def grouped_and_repeated(case: str, num_key_value_heads: int, **overrides):
             tensor = source[name]
             module = next((part for part in name.split(".") if part in rows), None)
             if module is not None and tensor.shape != parameter.shape:  # [Hkv * r, ...] -> [H * r, ...]
-                tensor = tensor.unflatten(0, (num_key_value_heads, rows[module]))
-                tensor = tensor.repeat_interleave(group, dim=0).flatten(0, 1)
+                dim = OUTPUT_DIM.get(case.split("-")[0], 0)
+                tensor = tensor.unflatten(dim, (num_key_value_heads, rows[module]))
+                tensor = tensor.repeat_interleave(group, dim=dim).flatten(dim, dim + 1)
             parameter.copy_(tensor)
     return grouped, full
 

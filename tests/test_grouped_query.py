@@ -3,16 +3,18 @@
 and values repeated per query head computes (float64), through every kernel, packed rows, both caches, generate
 and beam search; its cache holds only the key-value heads."""
 
+import functools
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import TINY_VOCAB, assert_close_eps, make_tiny_config
-from helpers_grouped import grouped_and_repeated, repeat_heads
+from helpers_grouped import OUTPUT_DIM, grouped_and_repeated, repeat_heads
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import zpx_hf
+from zpx_hf.ops_gpa import geometric_product_attention
 from zpx_hf.ops_pct import pct_attention
 from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention
 
@@ -46,9 +48,7 @@ def test_full_heads_are_the_model_before_grouping_bit_for_bit(name):
         ("zpx", dict(num_attention_heads=4, num_key_value_heads=3), "divisor"),
         ("zpx", dict(num_key_value_heads=0), ">= 1"),
         ("pct", dict(num_attention_heads=4, num_key_value_heads=3), "divisor"),
-        ("versor-gpa", dict(num_key_value_heads=1), "Versor does not group"),
-        ("versor-rra", dict(num_key_value_heads=1), "RRA has none"),
-        ("versor-hybrid", dict(num_key_value_heads=1), "Versor does not group"),
+        ("versor-rra", dict(num_key_value_heads=1), "no keys or values to group"),
     ],
 )
 def test_num_key_value_heads_is_checked_by_name(case, overrides, fix):
@@ -125,7 +125,7 @@ def test_zpx_kernels_refuse_key_heads_that_do_not_divide_the_query_heads():
         )
 
 
-CASES = [("zpx", 1), ("zpx", 2), ("pct", 1), ("pct", 2)]
+CASES = [("zpx", 1), ("zpx", 2), ("pct", 1), ("pct", 2), ("versor-gpa", 2), ("versor-hybrid", 1)]
 PACKED_POSITIONS = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2]])
 
 
@@ -154,7 +154,9 @@ def test_grouped_model_equals_its_repeated_twin(case, key_heads, implementation)
     for name, parameter in grouped.named_parameters():
         expected = twin[name].grad
         if parameter.shape != expected.shape:  # rows of a grouped projection: summed over the group
-            expected = expected.unflatten(0, (key_heads, -1, parameter.shape[0] // key_heads)).sum(1).flatten(0, 1)
+            dim = OUTPUT_DIM.get(case.split("-")[0], 0)
+            rows = parameter.shape[dim] // key_heads
+            expected = expected.unflatten(dim, (key_heads, -1, rows)).sum(dim + 1).flatten(dim, dim + 1)
         torch.testing.assert_close(parameter.grad, expected, atol=1e-12, rtol=0, msg=name)
 
 
@@ -176,7 +178,11 @@ def test_grouped_model_generates_as_its_repeated_twin(case, key_heads, cache):
         for a, b in zip(ours.scores, theirs.scores):
             torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
     cached = grouped(ids, attention_mask=mask, use_cache=True).past_key_values
-    assert cached.layers[0].keys.shape[1] == cached.layers[0].values.shape[1] == key_heads
+    if case.startswith("versor"):  # VersorCache: GPA layers' keys and values (the last layer is GPA in both)
+        keys, values = cached.keys[-1], cached.values[-1]
+    else:
+        keys, values = cached.layers[0].keys, cached.layers[0].values
+    assert keys.shape[1] == values.shape[1] == key_heads
 
 
 def test_tiny_grouped_config_saves_and_reloads(tmp_path):
@@ -185,6 +191,28 @@ def test_tiny_grouped_config_saves_and_reloads(tmp_path):
     again = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert again.config.num_key_value_heads == 1
     assert again.model.layers[0].self_attn.k_proj.weight.shape[0] == model.config.head_dim
+
+
+def assert_grouped_equals_repeated(op, kernel, inputs, originals, differentiated, generator):
+    """op(*inputs, kernel=kernel) on grouped key / value (inputs[1:3]) against op(kernel="naive") on them repeated
+    per query head (float64 originals): the output and the gradients of the first `differentiated` inputs, the
+    grouped tensors' as the group sums of the repeated ones; float64 at 1e-12, float32 at eps scale."""
+    query, key = originals[:2]
+    group = query.shape[1] // key.shape[1]
+    output = op(*inputs, kernel=kernel)
+    reference_inputs = [x if i not in (1, 2) else repeat_heads(x, group) for i, x in enumerate(originals)]
+    reference_inputs = [x.clone().requires_grad_() for x in reference_inputs]
+    reference = op(*reference_inputs, kernel="naive")
+    grad = torch.randn(reference.shape, dtype=torch.float64, generator=generator)
+    grads = torch.autograd.grad(output, inputs[:differentiated], grad.to(output.dtype))
+    reference_grads = list(torch.autograd.grad(reference, reference_inputs[:differentiated], grad))
+    for i in (1, 2):  # the grouped tensors' gradients: summed over each key-value head's query heads
+        reference_grads[i] = reference_grads[i].unflatten(1, (key.shape[1], group)).sum(2)
+    for got, want in zip((output, *grads), (reference, *reference_grads)):
+        if got.dtype == torch.float64:
+            torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+        else:
+            assert_close_eps(got, want, ulps=256)
 
 
 PCT_KERNELS = [("naive", 5), ("panel", 5), ("panel", 7), ("decode", 1), ("triton", 5), ("triton", 7)]
@@ -211,21 +239,8 @@ def test_pct_kernels_take_grouped_keys_as_their_repeats(kernel, l_q, key_heads, 
     bias = torch.tensor([-1.0, -2.0, 0.5, -0.5], dtype=torch.float64)
     inputs = [x.to(dtype).requires_grad_() for x in (query, key, value, tau, bias)]
     options = dict(causal=True, key_padding_mask=key_padding_mask, document_ids=document_ids)
-    output = pct_attention(*inputs, kernel=kernel, **options)
-    group = 4 // key_heads
-    reference_inputs = [query, repeat_heads(key, group), repeat_heads(value, group), tau, bias]
-    reference_inputs = [x.clone().requires_grad_() for x in reference_inputs]
-    reference = pct_attention(*reference_inputs, kernel="naive", **options)
-    grad = torch.randn(reference.shape, dtype=torch.float64, generator=generator)
-    grads = torch.autograd.grad(output, inputs, grad.to(dtype))
-    reference_grads = list(torch.autograd.grad(reference, reference_inputs, grad))
-    for i in (1, 2):  # the grouped tensors' gradients: summed over each key-value head's query heads
-        reference_grads[i] = reference_grads[i].unflatten(1, (key_heads, group)).sum(2)
-    for got, want in zip((output, *grads), (reference, *reference_grads)):
-        if dtype == torch.float64:
-            torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
-        else:
-            assert_close_eps(got, want, ulps=256)
+    op = functools.partial(pct_attention, **options)
+    assert_grouped_equals_repeated(op, kernel, inputs, (query, key, value, tau, bias), len(inputs), generator)
 
 
 @pytest.mark.parametrize("rotary", [True, False])
@@ -253,4 +268,33 @@ def test_pct_grouped_projection_closed_form_backward_matches_autograd(rotary):
     short = None if tables is None else tuple(t[:1, :, :3] for t in tables)
     assert torch.autograd.gradcheck(
         lambda x: query_key_value(x, heads, dim, 1e-6, short, key_heads), (qkv[:1, :3].clone().requires_grad_(),)
+    )
+
+
+GPA_KERNELS = [("naive", 5), ("chunk", 5), ("chunk", 7), ("triton", 5), ("auto-scalar", 5), ("auto-scalar", 7)]
+
+
+@pytest.mark.parametrize("masks", sorted(MASKS))
+@pytest.mark.parametrize("kernel, l_q", GPA_KERNELS)
+@pytest.mark.parametrize("key_heads", [1, 2])
+def test_gpa_kernels_take_grouped_keys_as_their_repeats(kernel, l_q, key_heads, masks, monkeypatch):
+    """Every GPA kernel (and the scalar score's SDPA path, bivector=False) on grouped k / v equals the naive
+    reference on k / v repeated per query head, forward and every gradient (dgamma per query head; dk and dv the
+    group sums of the repeated ones): float64, Triton in float32 under the interpreter against the float64
+    reference at eps scale. Chunks of 2 queries and 3 keys: several panels and key blocks per call."""
+    monkeypatch.setattr("zpx_hf.ops_gpa_chunk.PANEL", 2)
+    monkeypatch.setattr("zpx_hf.ops_gpa_chunk.BLOCK", 3)
+    key_padding_mask, document_ids = MASKS[masks]
+    dtype = torch.float32 if kernel == "triton" else torch.float64
+    bivector = kernel != "auto-scalar"
+    generator = torch.Generator().manual_seed(4)
+    query, key, value = (torch.randn(2, h, n, 32, dtype=torch.float64, generator=generator) / 3 for h, n in
+                         ((4, l_q), (key_heads, 7), (key_heads, 7)))  # fmt: skip
+    gamma = torch.tensor([0.3, -0.2, 0.5, 0.1], dtype=torch.float64)
+    inputs = [x.to(dtype).requires_grad_() for x in (query, key, value, gamma)]
+    options = dict(causal=True, key_padding_mask=key_padding_mask, document_ids=document_ids, bivector=bivector)
+    op = functools.partial(geometric_product_attention, **options)
+    differentiated = 4 if bivector else 3  # gamma is unused by the scalar score
+    assert_grouped_equals_repeated(
+        op, kernel.split("-")[0], inputs, (query, key, value, gamma), differentiated, generator
     )
