@@ -19,7 +19,8 @@ import zpx_hf  # noqa: F401
 
 EXAMPLE = (2, 12)
 OTHER_SHAPES = ((3, 7), (1, 20))  # batch 1 and a longer sequence than the example
-CASES = ("llama", "zpx", "pct", "versor-gpa", "versor-rra", "versor-hybrid")
+CASES = ("llama", "zpx", "zpx-grouped", "pct", "pct-grouped", "versor-gpa", "versor-gpa-grouped", "versor-rra",
+         "versor-hybrid")  # fmt: skip
 
 
 class Logits(torch.nn.Module):
@@ -37,6 +38,9 @@ def build(case: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if case == "llama":
         return Logits(LlamaForCausalLM(tiny_llama_config()).eval())
+    if case.endswith("-grouped"):  # multi-query: the grouped kernels inside the exported graph
+        config = make_tiny_config(case.removesuffix("-grouped"), num_key_value_heads=1)
+        return Logits(AutoModelForCausalLM.from_config(config).eval())
     return Logits(AutoModelForCausalLM.from_config(make_tiny_config(case)).eval())
 
 

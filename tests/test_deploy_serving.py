@@ -17,8 +17,12 @@ CALLS = []
 
 
 def recording_sdpa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """A stand-in engine: records what it is given and runs transformers' own SDPA attention."""
-    CALLS.append({"shapes": (query.shape, key.shape, value.shape), "scaling": scaling, "kwargs": set(kwargs)})
+    """A stand-in engine: records what it is given and runs transformers' own SDPA attention (which groups keys
+    by the module's `num_key_value_groups`, as for Llama)."""
+    CALLS.append(
+        {"shapes": (query.shape, key.shape, value.shape), "scaling": scaling, "kwargs": set(kwargs)}
+        | {"groups": module.num_key_value_groups}
+    )
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
 
 
@@ -39,8 +43,10 @@ def test_zpx_is_backend_compatible_and_pct_versor_are_not():
     assert not families["versor"][2].is_backend_compatible()
 
 
-def test_global_attention_function_gives_zpx_logits():
-    model = zpx_model()
+@pytest.mark.parametrize("key_heads", [2, 1])
+def test_global_attention_function_gives_zpx_logits(key_heads):
+    """Full heads and multi-query: grouped keys reach the engine with num_key_value_heads heads."""
+    model = zpx_model(num_key_value_heads=key_heads)
     ids = torch.randint(3, TINY_VOCAB, (2, 10), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[1, :3] = 0  # left padding
@@ -59,6 +65,8 @@ def test_global_attention_function_gives_zpx_logits():
     for call in CALLS:
         assert call["scaling"] == config.head_dim**-0.5  # S = scaling q^ . k^: q^ carries lambda / (C scaling)
         assert all(shape[-1] == padded for shape in call["shapes"])
+        assert [shape[1] for shape in call["shapes"]] == [2, key_heads, key_heads]
+        assert call["groups"] == 2 // key_heads
         assert "engine_metadata" in call["kwargs"]  # the model's kwargs reach the attention function
 
 
@@ -87,8 +95,9 @@ def test_packed_rows_through_an_engine_stay_inside_their_documents():
         assert "\n" not in str(error.value)
 
 
-def test_global_attention_function_generates_zpx_tokens():
-    model = zpx_model()
+@pytest.mark.parametrize("key_heads", [2, 1])
+def test_global_attention_function_generates_zpx_tokens(key_heads):
+    model = zpx_model(num_key_value_heads=key_heads)
     ids = torch.randint(3, TINY_VOCAB, (2, 6), generator=torch.Generator().manual_seed(1))
     reference = model.generate(ids, max_new_tokens=8, do_sample=False)
     model.set_attn_implementation(RECORDING)
@@ -126,17 +135,19 @@ def test_zpx_flex_attention_gives_zpx_logits():
     assert (logits - reference).abs().max() <= 64 * torch.finfo(torch.float32).eps * scale
 
 
-def test_zpx_tp_plan_names_real_linears_and_shards_by_heads():
+@pytest.mark.parametrize("key_heads", [4, 2])
+def test_zpx_tp_plan_names_real_linears_and_shards_by_heads(key_heads):
     """`base_model_tp_plan`: every rule names `nn.Linear`s of the backbone (and every backbone projection but the
     embedding has a rule), and the sharding is exact: two emulated ranks, each with half the heads (colwise rows of
     q, k, v and the phase encoder) and half of o_proj's columns (rowwise), sum to the full attention output; the
-    MLP likewise (float64). Tensor parallelism itself needs several processes; not run here."""
+    MLP likewise (float64); with full and grouped heads (each rank then holds half the key-value heads, k, v and
+    their phase rows, and the query heads they serve). Tensor parallelism itself needs several processes."""
     import re
 
     def wildcard(name):
         return re.sub(r"\.\d+\.", ".*.", name)
 
-    model = zpx_model()
+    model = zpx_model(num_attention_heads=4, num_key_value_heads=key_heads)
     backbone = model.model
     plan = backbone.config.base_model_tp_plan
     linears = {name for name, module in backbone.named_modules() if isinstance(module, torch.nn.Linear)}
@@ -157,6 +168,7 @@ def test_zpx_tp_plan_names_real_linears_and_shards_by_heads():
         shard_config = make_tiny_config(
             "zpx",
             num_attention_heads=config.num_attention_heads // tp,
+            num_key_value_heads=config.num_key_value_heads // tp,
             head_dim=config.head_dim,
             intermediate_size=config.intermediate_size // tp,
         )

@@ -9,7 +9,7 @@ BODY = """
 from zpx_hf import ops_pct_triton
 
 strides = ("sqb", "sqh", "sqm", "sqd", "skb", "skh", "skn", "skd", "svb", "svh", "svn", "svd", "sob", "soh",
-           "som", "sod", "s_kpm", "s_doc", "s_part", "H", "L_Q", "L_K", "D", "OFFSET")
+           "som", "sod", "s_kpm", "s_doc", "s_part", "H", "GROUP", "L_Q", "L_K", "D", "OFFSET")
 
 def types(dtype):
     t = {n: "*" + dtype for n in ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ")}

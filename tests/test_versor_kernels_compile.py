@@ -15,7 +15,7 @@ def gpa_types(dtype):
     types = dict(Q=p, K=p, V=p, O=p, DO=p, DK=p, DV=p, DQ=p, GAMMA=f, FORM_SIGN=f, QUERY_SIGN=f, LSE=f, DELTA=f,
                  DGAMMA=f, FORM_INDEX="*i32", KEY_VALID="*i8", DOCS="*i32",
                  DOC_FIRST="*i32", DOC_END="*i32", scale="fp32", eps="fp32")
-    types.update({n: "i32" for n in ("num_heads", "q_len", "k_len", "dim", "q_offset", "num_key_blocks")})
+    types.update({n: "i32" for n in ("num_heads", "group", "q_len", "k_len", "dim", "q_offset", "num_key_blocks")})
     return types
 
 kernels = (ops_gpa_triton._gpa_fwd_kernel, ops_gpa_triton._gpa_bwd_dkdv_kernel, ops_gpa_triton._gpa_bwd_dq_kernel)

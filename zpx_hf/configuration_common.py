@@ -226,6 +226,9 @@ class GeometricConfig(PretrainedConfig):
         intermediate_size: width of the SwiGLU feed-forward layer.
         num_hidden_layers: number of decoder blocks.
         num_attention_heads: attention heads per block.
+        num_key_value_heads: key-value heads per block (grouped-query attention, as Llama's): each serves
+            `num_attention_heads // num_key_value_heads` query heads, and the KV cache holds this many heads.
+            Defaults to `num_attention_heads` (multi-head attention); 1 is multi-query attention.
         head_dim: per-head width; defaults to `hidden_size // num_attention_heads`. Must be even when
             a rotary encoding is used (rotation acts on pairs).
         max_position_embeddings: the longest context the model is meant to run at (it may exceed the training
@@ -256,6 +259,7 @@ class GeometricConfig(PretrainedConfig):
         intermediate_size: int = 344,
         num_hidden_layers: int = 2,
         num_attention_heads: int = 4,
+        num_key_value_heads: int | None = None,
         head_dim: int | None = None,
         max_position_embeddings: int = DEFAULT_MAX_POSITION_EMBEDDINGS,
         allow_longer_positions: bool = True,
@@ -281,6 +285,7 @@ class GeometricConfig(PretrainedConfig):
         self.intermediate_size = intermediate_size
         self.num_hidden_layers = num_hidden_layers
         self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_attention_heads if num_key_value_heads is None else num_key_value_heads
         self.head_dim = head_dim if head_dim is not None else self._default_head_dim(hidden_size, num_attention_heads)
         self.max_position_embeddings = max_position_embeddings
         self.allow_longer_positions = allow_longer_positions
@@ -333,6 +338,7 @@ class GeometricConfig(PretrainedConfig):
         "intermediate_size": Rule("int", minimum=1),
         "num_hidden_layers": Rule("int", minimum=1),
         "num_attention_heads": Rule("int", minimum=1),
+        "num_key_value_heads": Rule("int", minimum=1),
         "head_dim": Rule("int", minimum=1),
         "max_position_embeddings": Rule("int", minimum=1, maximum=MAX_POSITION_LIMIT),
         "allow_longer_positions": Rule("bool"),
@@ -384,6 +390,14 @@ class GeometricConfig(PretrainedConfig):
         """Raise `ValueError` naming the first invalid field."""
         self.check_fields()
         check_token_ids(self.vocab_size, {field: getattr(self, field, None) for field in TOKEN_ID_FIELDS})
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            _fail(
+                "num_key_value_heads",
+                self.num_key_value_heads,
+                f"each key-value head serves a whole group of query heads, so it must divide num_attention_heads="
+                f"{self.num_attention_heads}; use a divisor of it (1 is multi-query attention, "
+                f"{self.num_attention_heads} is multi-head attention).",
+            )
         self.check_rope_parameters()
         self._validate_family()
 
@@ -436,6 +450,11 @@ class GeometricConfig(PretrainedConfig):
             with rope_errors_named(params):
                 self.standardize_rope_params()
                 self.validate_rope()
+
+    @property
+    def num_key_value_groups(self) -> int:
+        """Query heads per key-value head: query head h reads key-value head `h // num_key_value_groups`."""
+        return self.num_attention_heads // self.num_key_value_heads
 
     @property
     def rotary_dim(self) -> int:

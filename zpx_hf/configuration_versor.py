@@ -38,6 +38,8 @@ class VersorConfig(GeometricConfig):
         mixer: sequence mixer of every layer: `"gpa"` (geometric product attention), `"rra"` (recursive
             rotor accumulator, O(1) state per token) or `"hybrid"` (RRA in even layers, GPA in odd ones:
             GPA has no positional encoding and gets order from the RRA below it).
+            `num_key_value_heads` (grouped-query attention) applies to GPA layers; RRA has no keys or values, so
+            `mixer="rra"` refuses a value other than `num_attention_heads` and hybrid's RRA layers ignore it.
         gpa_gamma_init: initial `gamma_h`, weight of the bivector norm in the GPA score; |value| <= 65504.
         gpa_bivector: `False` keeps only the scalar part `<Q~K>_0` (runs through SDPA).
         gpa_eps: epsilon inside the bivector norm `sqrt(sum <P>_2^2 + eps)`.
@@ -102,6 +104,14 @@ class VersorConfig(GeometricConfig):
                     f"Versor features are Cl(4,1) multivectors of 32 coefficients; use a multiple of 32 "
                     f"(e.g. {max(NUM_BLADES, value // NUM_BLADES * NUM_BLADES)}).",
                 )
+        if self.mixer == "rra" and self.num_key_value_heads != self.num_attention_heads:
+            _fail(
+                "num_key_value_heads",
+                self.num_key_value_heads,
+                f"mixer='rra' has no keys or values to group (its rotor recurrence keeps one state per head); leave "
+                f"it unset or equal to num_attention_heads={self.num_attention_heads}, or use mixer='gpa' or "
+                "'hybrid' (whose GPA layers group their keys and values; RRA layers ignore the field).",
+            )
         if self.rra_accumulate == "full" and self.mixer != "gpa":
             self._check_full_accumulation()
         if self.rotary != "none":

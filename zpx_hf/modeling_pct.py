@@ -67,9 +67,11 @@ def pct_attention_eager(
     weights = pct_attention_weights(
         query, key, tau, bias, causal=causal, key_padding_mask=key_padding_mask, document_ids=document_ids
     )
-    with autocast_off(query):
-        output = (weights @ value.to(weights.dtype)).to(query.dtype)
-    return output, weights
+    batch, heads, l_q, l_k = weights.shape
+    key_heads = value.shape[1]
+    with autocast_off(query):  # grouped: each key-value head's values serve its query heads' rows [group * Lq]
+        output = weights.view(batch, key_heads, -1, l_k) @ value.to(weights.dtype)
+    return output.view(batch, heads, l_q, -1).to(query.dtype), weights
 
 
 def pct_attention_sdpa(
@@ -135,21 +137,50 @@ def normalize_rotate(
     return out if out.dtype == pairs.dtype else out.to(pairs.dtype)
 
 
+def split_grouped(qkv: torch.Tensor, num_heads: int, num_key_value_heads: int, head_dim: int) -> list[torch.Tensor]:
+    """The joint projection [B, L, 2 * (H + 2 Hkv) * d] of a grouped layer -> views q [B, H, L, 2, d], k and v
+    [B, Hkv, L, 2, d] ((re, im) rows)."""
+    batch, length = qkv.shape[:2]
+    widths = (num_heads * head_dim, num_key_value_heads * head_dim, num_key_value_heads * head_dim)
+    parts = qkv.view(batch, length, 2, -1).split(widths, dim=-1)
+    return [part.unflatten(-1, (-1, head_dim)).permute(0, 3, 1, 2, 4) for part in parts]
+
+
 def query_key_value_naive(
     qkv: torch.Tensor,
     num_heads: int,
     head_dim: int,
     eps: float,
     position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+    num_key_value_heads: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The joint projection [B, L, 2 * 3 * H * d] ([re_q re_k re_v | im_q im_k im_v]) -> query and key
-    normalised and rotated (`normalize_rotate`), value; each [B, H, L, 2d] ([re | im] per head), contiguous.
-    Through autograd: the reference for `query_key_value`'s backward."""
+    """The joint projection [B, L, 2 * (H + 2 Hkv) * d] ([re_q re_k re_v | im_q im_k im_v]; Hkv =
+    `num_key_value_heads`, default H) -> query and key normalised and rotated (`normalize_rotate`), value; each
+    [B, heads, L, 2d] ([re | im] per head), contiguous. Through autograd: the reference for `query_key_value`'s
+    backward."""
     batch, length = qkv.shape[:2]
+    if num_key_value_heads not in (None, num_heads):  # grouped: q and k / v differ in heads
+        query, key, value = (part.contiguous() for part in split_grouped(qkv, num_heads, num_key_value_heads, head_dim))
+        query, key = (normalize_rotate(x, eps, position_embeddings).flatten(-2) for x in (query, key))
+        return query, key, value.flatten(-2)
     # [B, L, (re, im), (q, k, v), H, d] -> [(q, k, v), B, H, L, (re, im), d]
     qkv = qkv.view(batch, length, 2, 3, num_heads, head_dim).permute(3, 0, 4, 1, 2, 5).contiguous()
     query, key = normalize_rotate(qkv[:2], eps, position_embeddings).flatten(-2).unbind(0)
     return query, key, qkv[2].flatten(-2)
+
+
+def normalize_rotate_backward(
+    z: torch.Tensor, g: torch.Tensor, cos: torch.Tensor | None, signed_sin: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    """dz of `normalize_rotate` for pairs z [..., 2, d] and output gradients g (both >= float32), closed form:
+    dz = h / ||z|| - z <z, h> / ||z||^3 with h = R^T(g)."""
+    if cos is None:
+        h = g
+    else:  # R^T g = [g_re cos + g_im sin, g_im cos - g_re sin] = g cos - [g_im, g_re] [-sin, sin]
+        h = torch.addcmul(g * cos.to(g.dtype), g.flip(-2), signed_sin.to(g.dtype), value=-1.0)
+    inverse = torch.rsqrt(z.square().sum((-2, -1), keepdim=True).add_(eps))  # 1 / ||z||
+    coefficient = (h * z).sum((-2, -1), keepdim=True).mul_(inverse.pow(3))  # <z, h> / ||z||^3
+    return torch.addcmul(h * inverse, z, coefficient, value=-1.0)
 
 
 class _QueryKeyValue(torch.autograd.Function):
@@ -159,33 +190,38 @@ class _QueryKeyValue(torch.autograd.Function):
     written straight into the projection's [B, L, 2 * 3 * H * d] layout; the value's gradient is copied there."""
 
     @staticmethod
-    def forward(ctx, qkv, num_heads, head_dim, eps, cos, signed_sin):
+    def forward(ctx, qkv, num_heads, head_dim, eps, cos, signed_sin, num_key_value_heads):
         position_embeddings = None if cos is None else (cos, signed_sin)
-        query, key, value = query_key_value_naive(qkv, num_heads, head_dim, eps, position_embeddings)
+        query, key, value = query_key_value_naive(
+            qkv, num_heads, head_dim, eps, position_embeddings, num_key_value_heads
+        )
         ctx.save_for_backward(qkv, cos, signed_sin)
-        ctx.sizes, ctx.eps = (num_heads, head_dim), eps
+        ctx.sizes, ctx.eps = (num_heads, head_dim, num_key_value_heads), eps
         return query, key, value
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_query, grad_key, grad_value):
         qkv, cos, signed_sin = ctx.saved_tensors
-        num_heads, head_dim = ctx.sizes
+        num_heads, head_dim, num_key_value_heads = ctx.sizes
         batch, length = qkv.shape[:2]
+        if num_key_value_heads not in (None, num_heads):  # grouped: q and k apart, in their heads' views
+            grad = qkv.new_empty(qkv.shape)
+            views = split_grouped(grad, num_heads, num_key_value_heads, head_dim)
+            pairs = split_grouped(qkv, num_heads, num_key_value_heads, head_dim)
+            for view, z, g in zip(views[:2], pairs[:2], (grad_query, grad_key)):
+                g = upcast(g.unflatten(-1, (2, head_dim)))
+                view.copy_(normalize_rotate_backward(upcast(z), g, cos, signed_sin, ctx.eps))
+            views[2].copy_(grad_value.unflatten(-1, (2, head_dim)))
+            return grad, None, None, None, None, None, None
         layout = (batch, length, 2, 3, num_heads, head_dim)
         z = upcast(qkv.view(layout)[:, :, :, :2].permute(3, 0, 4, 1, 2, 5))  # [2, B, H, L, 2, d]
         g = upcast(torch.stack((grad_query, grad_key)).unflatten(-1, (2, head_dim)))
-        if cos is None:
-            h = g
-        else:  # R^T g = [g_re cos + g_im sin, g_im cos - g_re sin] = g cos - [g_im, g_re] [-sin, sin]
-            h = torch.addcmul(g * cos.to(g.dtype), g.flip(-2), signed_sin.to(g.dtype), value=-1.0)
-        inverse = torch.rsqrt(z.square().sum((-2, -1), keepdim=True).add_(ctx.eps))  # 1 / ||z||
-        coefficient = (h * z).sum((-2, -1), keepdim=True).mul_(inverse.pow(3))  # <z, h> / ||z||^3
         grad = qkv.new_empty(layout)
         heads = grad.permute(3, 0, 4, 1, 2, 5)  # [(q, k, v), B, H, L, 2, d] view of the projection's layout
-        heads[:2] = torch.addcmul(h * inverse, z, coefficient, value=-1.0)
+        heads[:2] = normalize_rotate_backward(z, g, cos, signed_sin, ctx.eps)
         heads[2] = grad_value.unflatten(-1, (2, head_dim))
-        return grad.view(qkv.shape), None, None, None, None, None
+        return grad.view(qkv.shape), None, None, None, None, None, None
 
 
 def query_key_value(
@@ -194,30 +230,34 @@ def query_key_value(
     head_dim: int,
     eps: float,
     position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+    num_key_value_heads: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`query_key_value_naive`'s map; with gradients its closed-form backward (`_QueryKeyValue`)."""
     if torch.is_grad_enabled() and qkv.requires_grad:
         cos, signed_sin = (None, None) if position_embeddings is None else position_embeddings
-        return _QueryKeyValue.apply(qkv, num_heads, head_dim, eps, cos, signed_sin)
-    return query_key_value_naive(qkv, num_heads, head_dim, eps, position_embeddings)
+        return _QueryKeyValue.apply(qkv, num_heads, head_dim, eps, cos, signed_sin, num_key_value_heads)
+    return query_key_value_naive(qkv, num_heads, head_dim, eps, position_embeddings, num_key_value_heads)
 
 
 class PCTAttention(nn.Module):
-    """Phase-coherent multi-head attention: complex projections, sigmoid gates, phase-preserving sum."""
+    """Phase-coherent multi-head attention: complex projections, sigmoid gates, phase-preserving sum; grouped-query
+    when `num_key_value_heads` < `num_attention_heads` (k and v per key-value head; tau and b_h per query head)."""
 
     def __init__(self, config: PCTConfig, layer_idx: int) -> None:
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
+        self.num_key_value_heads = config.num_key_value_heads
         self.head_dim = config.complex_head_dim
         self.is_causal = config.causal
         self.qk_norm_eps = config.qk_norm_eps
         inner = self.num_heads * self.head_dim
+        key_inner = self.num_key_value_heads * self.head_dim
         width = config.complex_hidden_size
         self.q_proj = ComplexLinear(width, inner, bias=config.attention_bias)
-        self.k_proj = ComplexLinear(width, inner, bias=config.attention_bias)
-        self.v_proj = ComplexLinear(width, inner, bias=config.attention_bias)
+        self.k_proj = ComplexLinear(width, key_inner, bias=config.attention_bias)
+        self.v_proj = ComplexLinear(width, key_inner, bias=config.attention_bias)
         self.o_proj = ComplexLinear(inner, width, bias=config.attention_bias)
         # b_h, initialised at -log(n) by `_init_weights`
         self.gate_bias = nn.Parameter(torch.empty(self.num_heads))
@@ -255,7 +295,9 @@ class PCTAttention(nn.Module):
             qkv = complex_linear(hidden_states, projections)  # one map: [re_q re_k re_v | im_q im_k im_v]
         else:  # adapters or hooks: each projection through its sub-modules, the same layout
             qkv = torch.cat([p(hidden_states).unflatten(-1, (2, -1)) for p in projections], dim=-1).flatten(-2)
-        query, key, value = query_key_value(qkv, self.num_heads, self.head_dim, self.qk_norm_eps, position_embeddings)
+        query, key, value = query_key_value(
+            qkv, self.num_heads, self.head_dim, self.qk_norm_eps, position_embeddings, self.num_key_value_heads
+        )
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
             key, value = trim_static_cache(key, value, kv_length)

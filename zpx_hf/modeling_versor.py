@@ -292,30 +292,33 @@ class VersorMLP(nn.Module):
 
 
 class VersorGPA(nn.Module):
-    """Geometric product attention; the cache stores multivector keys/values `[B, H, L, 32 c]`."""
+    """Geometric product attention; the cache stores multivector keys/values `[B, Hkv, L, 32 c]` (grouped-query
+    when `num_key_value_heads` < `num_attention_heads`; gamma per query head)."""
 
     def __init__(self, config: VersorConfig, layer_idx: int) -> None:
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
+        self.num_key_value_heads = config.num_key_value_heads
         self.head_channels = config.head_channels
         self.scaling = config.head_dim**-0.5
         self.is_causal = config.causal
         inner = self.num_heads * self.head_channels
+        key_inner = self.num_key_value_heads * self.head_channels
         self.q_proj = VersorLinear(config.num_channels, inner)
-        self.k_proj = VersorLinear(config.num_channels, inner)
-        self.v_proj = VersorLinear(config.num_channels, inner)
+        self.k_proj = VersorLinear(config.num_channels, key_inner)
+        self.v_proj = VersorLinear(config.num_channels, key_inner)
         self.o_proj = VersorLinear(inner, config.num_channels)
         self.gamma = nn.Parameter(torch.full((self.num_heads,), float(config.gpa_gamma_init)))
 
     def project(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(query, key, value), each [B, H, L, 32 c], from the normed stream [B, L, 32 C]."""
+        """(query [B, H, L, 32 c], key and value [B, Hkv, L, 32 c]) from the normed stream [B, L, 32 C]."""
         batch, length = hidden_states.shape[:2]
         x = multivectors(hidden_states)
 
-        def heads(y: torch.Tensor) -> torch.Tensor:  # [B, L, H*c, 32] -> [B, H, L, 32 c]
-            return y.reshape(batch, length, self.num_heads, -1).transpose(1, 2)
+        def heads(y: torch.Tensor) -> torch.Tensor:  # [B, L, heads*c, 32] -> [B, heads, L, 32 c]
+            return y.reshape(batch, length, -1, self.head_channels * NUM_BLADES).transpose(1, 2)
 
         return heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
 

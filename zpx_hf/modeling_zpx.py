@@ -71,8 +71,9 @@ def zpx_attention_forward(
     kernel: str = "auto",
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The family's own implementations in the standard signature: q [B, H, Lq, d], k^ [B, H, Lk, d + 5C], v, the
-    padding mask [B, Lk] bool (or None), and the queries' phase features; the lambdas and causality from the module.
+    """The family's own implementations in the standard signature: q [B, H, Lq, d], k^ [B, Hkv, Lk, d + 5C], v
+    [B, Hkv, Lk, d], the padding mask [B, Lk] bool (or None), and the queries' phase features [B, H, Lq, 5C]; the
+    lambdas and causality from the module.
     Other kwargs (a softmax engine's metadata) are not the family's."""
     lambda_angle, lambda_sphere = module.lambda_angle, module.lambda_sphere
     if module.learnable_lambdas:
@@ -149,8 +150,9 @@ def engine_attention_mask(
 
 @dataclass
 class ZPXModelOutputWithPast(BaseModelOutputWithPast):
-    """Adds `phases` (per layer Phi [B, L, H, C, 7]) and `center_loss` (mean over layers); both are
-    computed when `output_phases=True`, and `center_loss` also whenever `center_loss_weight > 0`."""
+    """Adds `phases` (per layer Phi [B, L, Hkv, C, 7]: one phase per key-value head) and `center_loss` (mean
+    over layers); both are computed when `output_phases=True`, and `center_loss` also whenever
+    `center_loss_weight > 0`."""
 
     phases: tuple[torch.Tensor, ...] | None = None
     center_loss: torch.Tensor | None = None
@@ -177,14 +179,15 @@ def pad_content_only_keys(cache: Cache, layer_idx: int, width: int) -> None:
 
 
 class ZPXPhaseEncoder(nn.Module):
-    """Vector phase per head and channel from the layer input (names follow the source design, docs/design.md §3.1)."""
+    """Vector phase per key-value head and channel from the layer input (names follow the source design,
+    docs/design.md §3.1); a grouped model's query heads share their key-value head's phase (§3.8)."""
 
     def __init__(self, config: ZPXConfig) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
+        self.num_heads = config.num_key_value_heads
         self.phase_channels = config.phase_channels
         self.max_log_radius = config.max_log_radius
-        width = config.num_attention_heads * config.phase_channels
+        width = config.num_key_value_heads * config.phase_channels
         self.to_log_r = nn.Linear(config.hidden_size, width, bias=config.phase_bias)
         self.to_theta = nn.Linear(config.hidden_size, width, bias=config.phase_bias)
         self.to_b = nn.Linear(config.hidden_size, width, bias=config.phase_bias)
@@ -194,7 +197,7 @@ class ZPXPhaseEncoder(nn.Module):
         return (self.to_log_r, self.to_theta, self.to_b)
 
     def forward(self, hidden_states: torch.Tensor) -> PhaseState:
-        """PhaseState [B, L, H, C] (token-major: the 5C key features are transposed once, not each field)."""
+        """PhaseState [B, L, Hkv, C] (token-major: the 5C key features are transposed once, not each field)."""
         encoders = self.encoders
         if plain_linears(encoders):
             # One matmul for the three encoders, rows [W_r; W_theta; W_b] -> [B, L, 3HC]: on a decoding step
@@ -205,19 +208,23 @@ class ZPXPhaseEncoder(nn.Module):
         return self.phase_from_pre_activations(pre)
 
     def phase_from_pre_activations(self, pre: torch.Tensor) -> PhaseState:
-        """PhaseState from [W_r h | W_theta h | W_b h] [B, L, 3HC]."""
+        """PhaseState from [W_r h | W_theta h | W_b h] [B, L, 3 Hkv C]."""
         # heads from the width (-1): a tensor-parallel rank holds its own heads' channels (`base_model_tp_plan`)
         return phase_from_stacked(pre.unflatten(-1, (3, -1, self.phase_channels)), self.max_log_radius, 2)
 
 
 class ZPXAttention(nn.Module):
-    """Multi-head angle-sphere attention; the KV cache stores augmented keys k^ = [k, cos, sin, s]."""
+    """Multi-head angle-sphere attention, grouped-query when `num_key_value_heads` < `num_attention_heads` (as
+    Llama's: k, v and the phase per key-value head); the KV cache stores augmented keys k^ = [k, cos, sin, s]."""
 
     def __init__(self, config: ZPXConfig, layer_idx: int) -> None:
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
+        self.num_key_value_heads = config.num_key_value_heads
+        # read by transformers' attention functions (repeat_kv / enable_gqa) on the softmax-engine path, as Llama's
+        self.num_key_value_groups = config.num_key_value_groups
         self.head_dim = config.head_dim
         self.scaling = self.head_dim**-0.5
         self.is_causal = config.causal
@@ -229,9 +236,10 @@ class ZPXAttention(nn.Module):
             self.lambda_sphere_heads = nn.Parameter(torch.full((self.num_heads,), float(config.lambda_sphere)))
         self.attention_dropout = config.attention_dropout
         inner = self.num_heads * self.head_dim
+        key_inner = self.num_key_value_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, inner, bias=config.attention_bias)
-        self.k_proj = nn.Linear(config.hidden_size, inner, bias=config.attention_bias)
-        self.v_proj = nn.Linear(config.hidden_size, inner, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, key_inner, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, key_inner, bias=config.attention_bias)
         self.o_proj = nn.Linear(inner, config.hidden_size, bias=config.attention_bias)
         self.phase_encoder = ZPXPhaseEncoder(config)
 
@@ -264,18 +272,16 @@ class ZPXAttention(nn.Module):
                 query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
             phase = self.phase_encoder(hidden_states)
         else:
-            inner = self.num_heads * self.head_dim
-            query_key, value, pre = fused.split_with_sizes((2 * inner, inner, fused.shape[-1] - 3 * inner), -1)
-            query_key = query_key.view(batch, length, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-            if position_embeddings is not None:  # q and k [2, B, H, L, d] rotated in one pass
-                query_key = apply_rotary(query_key, *position_embeddings)
-            query, key = query_key.unbind(0)
-            value = value.view(hidden_shape).transpose(1, 2)
+            query, key, value, pre = self.split_fused(fused, hidden_shape, position_embeddings)
             phase = self.phase_encoder.phase_from_pre_activations(pre)
-        features = phase_key_features(phase).transpose(1, 2)  # [B, H, L, 5C]
+        features = phase_key_features(phase).transpose(1, 2)  # [B, Hkv, L, 5C]
         if features.dtype != query.dtype:  # half precision: the phase is computed in float32
             features = features.to(query.dtype)
         key = torch.cat((key, features), dim=-1)  # k^ = [k, cos, sin, s]
+        # The queries' side of the phase terms: query head h uses its key-value head's phase (h // group) at its
+        # own token, a per-query-head tensor like q itself (heads from the shapes: a tensor-parallel rank's own).
+        group = query.shape[1] // features.shape[1]
+        features = features if group == 1 else features.repeat_interleave(group, dim=1)
         if past_key_values is not None:
             pad_content_only_keys(past_key_values, self.layer_idx, key.shape[-1])
             key, value = past_key_values.update(key, value, self.layer_idx)
@@ -332,6 +338,29 @@ class ZPXAttention(nn.Module):
         return tuple(
             x if x.shape[-1] == width else F.pad(x, (0, width - x.shape[-1])) for x in (query_aug, key_aug, value)
         )
+
+    def split_fused(
+        self,
+        fused: torch.Tensor,
+        hidden_shape: tuple[int, ...],
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q, k, v [B, heads, L, d], the phase pre-activations) from `fused_projections`' output."""
+        batch, length = fused.shape[:2]
+        inner, key_inner = self.num_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        if inner != key_inner:  # grouped: q and k have different head counts, rotated one by one
+            sizes = (inner, key_inner, key_inner, fused.shape[-1] - inner - 2 * key_inner)
+            query, key, value, pre = fused.split_with_sizes(sizes, -1)
+            query, key = (x.view(hidden_shape).transpose(1, 2) for x in (query, key))
+            if position_embeddings is not None:
+                query, key = (apply_rotary(x, *position_embeddings) for x in (query, key))
+            return query, key, value.view(hidden_shape).transpose(1, 2), pre
+        query_key, value, pre = fused.split_with_sizes((2 * inner, inner, fused.shape[-1] - 3 * inner), -1)
+        query_key = query_key.view(batch, length, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if position_embeddings is not None:  # q and k [2, B, H, L, d] rotated in one pass
+            query_key = apply_rotary(query_key, *position_embeddings)
+        query, key = query_key.unbind(0)
+        return query, key, value.view(hidden_shape).transpose(1, 2), pre
 
     def fused_projections(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         """[q | k | v | W_r h | W_theta h | W_b h] as one matmul while `generate` keeps derived weights (a decoding

@@ -54,8 +54,11 @@ def check_gpa_inputs(
     k_len = key.shape[2]
     if dim == 0 or dim % NUM_BLADES != 0:
         raise ValueError(f"GPA head dim (query.shape[-1]) must be a positive multiple of 32; got {dim}.")
-    if key.shape[:2] != query.shape[:2] or key.shape[-1] != dim:
-        raise ValueError(f"key must be [B, H, Lk, D] = [{batch}, {heads}, Lk, {dim}]; got {tuple(key.shape)}.")
+    if key.shape[0] != batch or heads % key.shape[1] or key.shape[-1] != dim:
+        raise ValueError(
+            f"key must be [B, Hkv, Lk, D] = [{batch}, Hkv, Lk, {dim}] with Hkv dividing H={heads} (grouped-query "
+            f"attention); got {tuple(key.shape)}."
+        )
     if value is not None and value.shape != key.shape:
         raise ValueError(f"value must have key's shape {tuple(key.shape)}; got {tuple(value.shape)}.")
     if q_len > k_len:
@@ -122,11 +125,14 @@ def _scalar_sdpa(
     dtype = compute_dtype(query)
     signed_key = key.to(dtype) * form_tables(query.device)[1][0].to(dtype).repeat(key.shape[-1] // NUM_BLADES)
     q, v = query.to(dtype), value.to(dtype)
+    gqa = query.shape[1] != key.shape[1]  # grouped keys: SDPA's grouped mode, never repeated here
     if key_padding_mask is None and document_ids is None and (not causal or q_len == k_len or q_len == 1):
-        return F.scaled_dot_product_attention(q, signed_key, v, is_causal=causal and q_len > 1, scale=scaling)
+        return F.scaled_dot_product_attention(
+            q, signed_key, v, is_causal=causal and q_len > 1, scale=scaling, enable_gqa=gqa
+        )
     visible = visible_keys(q_len, k_len, causal, key_padding_mask, query.device, document_ids)
     has_key = visible.any(-1, keepdim=True)  # empty rows: opened for SDPA, then zeroed
-    out = F.scaled_dot_product_attention(q, signed_key, v, attn_mask=visible | ~has_key, scale=scaling)
+    out = F.scaled_dot_product_attention(q, signed_key, v, attn_mask=visible | ~has_key, scale=scaling, enable_gqa=gqa)
     return out * has_key
 
 
@@ -147,7 +153,8 @@ def geometric_product_attention(
     bivector: bool = True,
     kernel: str = "auto",
 ) -> torch.Tensor:
-    """GPA output [B, H, Lq, D] for query [B, H, Lq, D], key/value [B, H, Lk, D], gamma [H].
+    """GPA output [B, H, Lq, D] for query [B, H, Lq, D], key/value [B, Hkv, Lk, D] (Hkv divides H: query head h
+    reads key-value head h // (H / Hkv), never a repeated copy), gamma [H] (per query head).
 
     `key_padding_mask` [B, Lk] (True/1 = real token); `document_ids` [B, Lk] int (packed rows: equal within
     a document; None = one document per row); `scaling` defaults to 1/sqrt(D); `kernel` is "auto" or one of
@@ -215,8 +222,10 @@ def gpa_with_weights(
         weights = _checked_weights(
             query, key, value, gamma, causal, key_padding_mask, document_ids, scaling, eps, bivector
         )
-        output = torch.matmul(weights, value.to(weights.dtype))
-    return output.to(query.dtype), weights.to(query.dtype)
+        # grouped: each key-value head's values serve its query heads' rows [group * Lq]
+        batch, heads, l_q, l_k = weights.shape
+        output = torch.matmul(weights.view(batch, value.shape[1], -1, l_k), value.to(weights.dtype))
+    return output.view(batch, heads, l_q, -1).to(query.dtype), weights.to(query.dtype)
 
 
 def gpa_attention_weights(

@@ -13,7 +13,9 @@ queries the 11 forms against a block of keys are one GEMM [11 P, D] x [D, N]. Pe
 
 The query is pre-multiplied by `scaling`, with eps -> eps * scaling^2 (the same score, one pass fewer).
 Memory is O(L) (q, k, v, out, lse and per-panel tiles); a query row with no visible key outputs zeros.
-Computes in float32 (float64 for float64 inputs); called through `ops_gpa.geometric_product_attention`.
+Grouped keys (Hkv < H): every product with a key block is one batched GEMM per key-value head over its group's
+query heads (`_grouped`), and dK, dV sum the group's rows inside their GEMMs (`_group_sum`); keys are never
+repeated. Computes in float32 (float64 for float64 inputs); called through `ops_gpa.geometric_product_attention`.
 """
 
 from __future__ import annotations
@@ -50,6 +52,23 @@ def _unpermute(grad_forms: torch.Tensor, full_index: torch.Tensor, sign: torch.T
     g = grad_forms.view(batch, heads, forms, -1, dim)
     gathered = torch.gather(g, -1, full_index[None, None, :, None, :].expand_as(g))
     return (gathered * sign[:, None, :]).sum(2)
+
+
+def _grouped(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [B, H, R, X] @ b [B, Hkv, X, Y] -> [B, H, R, Y]: query head h against key-value head h // (H / Hkv)."""
+    if a.shape[1] == b.shape[1]:
+        return torch.matmul(a, b)
+    return torch.matmul(a.unflatten(1, (b.shape[1], -1)), b.unsqueeze(2)).flatten(1, 2)
+
+
+def _group_sum(a: torch.Tensor, b: torch.Tensor, key_heads: int) -> torch.Tensor:
+    """sum over each group of a^T b: a [B, H, R, X], b [B, H, R, Y] -> [B, Hkv, X, Y] (the group's rows stacked)."""
+    if a.shape[1] == key_heads:
+        return torch.matmul(a.transpose(-1, -2), b)
+    batch, _, _, width = a.shape
+    return torch.matmul(
+        a.reshape(batch, key_heads, -1, width).transpose(-1, -2), b.reshape(batch, key_heads, -1, b.shape[-1])
+    )
 
 
 class _Plan:
@@ -134,7 +153,7 @@ class _GPAChunkedFunction(torch.autograd.Function):
             row_sum = torch.zeros(batch, heads, rows, dtype=query.dtype, device=query.device)
             acc = torch.zeros(batch, heads, rows, dim, dtype=query.dtype, device=query.device)
             for k_start, k_stop, mask in plan.visits(q_start, q_stop):
-                products = torch.matmul(q_forms, key[:, :, k_start:k_stop].transpose(-1, -2))
+                products = _grouped(q_forms, key[:, :, k_start:k_stop].transpose(-1, -2))
                 score, _ = _scores(products.view(batch, heads, plan.forms, rows, -1), plan.gamma, plan.root_eps)
                 if mask is not None:
                     score.masked_fill_(~mask, float("-inf"))
@@ -143,7 +162,7 @@ class _GPAChunkedFunction(torch.autograd.Function):
                 p = score.sub_(shift[..., None]).exp_()
                 alpha = torch.exp(row_max - shift)
                 row_sum = row_sum * alpha + p.sum(-1)
-                acc = acc * alpha[..., None] + torch.matmul(p, value[:, :, k_start:k_stop])
+                acc = acc * alpha[..., None] + _grouped(p, value[:, :, k_start:k_stop])
                 row_max = new_max
             seen = row_sum > 0
             out[:, :, q_start:q_stop] = acc / torch.where(seen, row_sum, 1.0)[..., None]
@@ -157,6 +176,7 @@ class _GPAChunkedFunction(torch.autograd.Function):
         query, key, value, gamma, out, lse = ctx.saved_tensors
         causal, key_padding_mask, document_ids, scaling, eps, bivector = ctx.settings
         batch, heads, q_len, dim = query.shape
+        key_heads = key.shape[1]
         plan = _Plan(query, key, gamma, causal, key_padding_mask, document_ids, scaling, eps, bivector)
         grad_out = grad_out.to(query.dtype)
         dq = torch.zeros_like(query)
@@ -176,20 +196,20 @@ class _GPAChunkedFunction(torch.autograd.Function):
                 for k_start, k_stop, mask in plan.visits(q_start, q_stop):
                     k = key[:, :, k_start:k_stop]
                     v = value[:, :, k_start:k_stop]
-                    products = torch.matmul(q_forms, k.transpose(-1, -2))
+                    products = _grouped(q_forms, k.transpose(-1, -2))
                     tiles = products.view(batch, heads, plan.forms, rows, -1)
                     score, norm = _scores(tiles, plan.gamma, plan.root_eps)
                     if mask is not None:
                         score.masked_fill_(~mask, float("-inf"))
                     p = score.sub_(row_lse).exp_()  # lse = +inf on empty rows -> 0
-                    dv[:, :, k_start:k_stop] += torch.matmul(p.transpose(-1, -2), do)
-                    ds = torch.matmul(do, v.transpose(-1, -2)).sub_(row_delta).mul_(p)  # dL/dS
+                    dv[:, :, k_start:k_stop] += _group_sum(p, do, key_heads)
+                    ds = _grouped(do, v.transpose(-1, -2)).sub_(row_delta).mul_(p)  # dL/dS
                     if bivector:
                         dgamma += (ds * norm).sum((0, 2, 3))
                         tiles[:, :, 1:] *= (ds * plan.gamma / norm)[:, :, None]  # dL/d<P>_C = dS gamma <P>_C / norm
                     tiles[:, :, 0] = ds
-                    d_forms += torch.matmul(products, k)
-                    dk[:, :, k_start:k_stop] += torch.matmul(products.transpose(-1, -2), q_forms)
+                    d_forms += _grouped(products, k)
+                    dk[:, :, k_start:k_stop] += _group_sum(products, q_forms, key_heads)
                 dq[:, :, q_start:q_stop] = _unpermute(d_forms, plan.full_index, plan.sign) * scaling
         return dq, dk, dv, dgamma if bivector else None, None, None, None, None, None, None
 

@@ -9,6 +9,7 @@ column `ch * 32 + blade mask`. With P_ij = sum_ch Q_i,ch ~K_j,ch:
 Each coefficient is a bilinear form with a signed permutation (`CliffordAlgebra.bilinear_forms`):
 <P>_C = sum_A Q_A sign_C[A] K_{A xor C}, so a score is 1 + 10 dot products over D. Which keys a query sees
 (causal, padding, documents) is `ops_common.visible_keys`; a query row with no visible key outputs zeros.
+Grouped keys by the definition: query head h reads key-value head h // group (indexed per query head).
 Called through `ops_gpa.geometric_product_attention` (checked inputs, resolved scaling, autocast off).
 """
 
@@ -21,8 +22,17 @@ from .ops_common import compute_dtype, visible_keys
 from .ops_gpa_base import form_tables
 
 
+def per_query_head(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Key-value heads [B, Hkv, ...] indexed per query head h -> h // (H / Hkv): [B, H, ...] (the definition)."""
+    group = heads // x.shape[1]
+    if group == 1:
+        return x
+    return x.index_select(1, torch.arange(heads, device=x.device) // group)
+
+
 def score_parts(query: torch.Tensor, key: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(<P_ij>_0, sqrt(sum_C <P_ij>_C^2 + eps)), each [B, H, Lq, Lk], unscaled, in the inputs' dtype."""
+    key = per_query_head(key, query.shape[1])
     index, sign, _ = form_tables(query.device)
     batch, heads, k_len, dim = key.shape
     channels = dim // NUM_BLADES
@@ -85,7 +95,7 @@ def gpa_naive(
         eps=eps,
         bivector=bivector,
     )
-    return torch.matmul(weights, value.to(weights.dtype))
+    return torch.matmul(weights, per_query_head(value, query.shape[1]).to(weights.dtype))
 
 
-__all__ = ["gpa_naive", "gpa_naive_weights", "score_parts"]
+__all__ = ["gpa_naive", "gpa_naive_weights", "per_query_head", "score_parts"]

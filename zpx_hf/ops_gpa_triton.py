@@ -7,7 +7,9 @@ for dk, dv, dgamma (per key block) and one for dq (per query block), both throug
 `_score_grad`. Causal masking (query i at absolute position i + Lk - Lq), key padding and documents
 (packed rows) are applied in-kernel; a query row with no visible key outputs zeros. Dots take fp32
 operands as "tf32x3" on CUDA ("ieee" in the interpreter) and bf16/fp16 operands as they are; the bivector
-norm, the softmax statistics and every accumulator are fp32.
+norm, the softmax statistics and every accumulator are fp32. Grouped keys (Hkv < H): query head h reads
+key-value head h // group in the pointer arithmetic, and the dk/dv kernel runs per key-value head, looping over
+its group's query heads (dK, dV accumulated in the kernel; dgamma stored per query head), never a repeated copy.
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ if HAS_TRITON:
     @triton.jit
     def _gpa_fwd_kernel(
         Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, O, LSE, KEY_VALID, DOCS, DOC_FIRST, DOC_END,
-        num_heads, q_len, k_len, dim, q_offset, scale, eps,
+        num_heads, group, q_len, k_len, dim, q_offset, scale, eps,
         IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, HAS_DOCS: tl.constexpr, BIVECTOR: tl.constexpr,
         PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -121,9 +123,10 @@ if HAS_TRITON:
         bh = tl.program_id(1)
         gamma = tl.load(GAMMA + bh % num_heads).to(tl.float32)
         batch = bh // num_heads
+        kv = bh // group  # (batch, key-value head h // group) of query head h, row-major
         q_base = Q + bh * q_len * dim
-        k_base = K + bh * k_len * dim
-        v_base = V + bh * k_len * dim
+        k_base = K + kv * k_len * dim
+        v_base = V + kv * k_len * dim
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         m_mask = offs_m < q_len
@@ -168,61 +171,65 @@ if HAS_TRITON:
     @triton.jit
     def _gpa_bwd_dkdv_kernel(
         Q, K, V, GAMMA, FORM_INDEX, QUERY_SIGN, DO, LSE, DELTA, DK, DV, DGAMMA, KEY_VALID, DOCS, DOC_FIRST, DOC_END,
-        num_heads, q_len, k_len, dim, q_offset, scale, eps, num_key_blocks,
+        num_heads, group, q_len, k_len, dim, q_offset, scale, eps, num_key_blocks,
         IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, HAS_DOCS: tl.constexpr, BIVECTOR: tl.constexpr,
         PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         # s_m = Q'^(m) . K with Q'^(m)[B] = sign_m[B ^ C_m] Q[B ^ C_m], so dK = sum_m ds_m^T Q'^(m).
+        # One program per (batch, key-value head kv, key tile): its group's query heads kv * group + g in turn, dK and
+        # dV summed over them here.
         pid_n = tl.program_id(0)
-        bh = tl.program_id(1)
-        gamma = tl.load(GAMMA + bh % num_heads).to(tl.float32)
-        batch = bh // num_heads
-        q_base = Q + bh * q_len * dim
-        do_base = DO + bh * q_len * dim
+        kv = tl.program_id(1)
+        batch = kv // (num_heads // group)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         n_mask = offs_n < k_len
         d_mask = offs_d < dim
-        kv_offsets = bh * k_len * dim + offs_n[:, None] * dim + offs_d[None, :]
+        kv_offsets = kv * k_len * dim + offs_n[:, None] * dim + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(K + kv_offsets, mask=kv_mask, other=0.0)
         v = tl.load(V + kv_offsets, mask=kv_mask, other=0.0)
         dtype = k.dtype
         dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-        dgamma = tl.zeros([BLOCK_N], tl.float32)
         lo, hi = query_tile_range(pid_n, q_len, k_len, q_offset, batch * k_len, DOC_FIRST, DOC_END,
                                   IS_CAUSAL, HAS_DOCS, BLOCK_M, BLOCK_N)  # fmt: skip
-        for start_m in range(lo, hi, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            m_mask = offs_m < q_len
-            s, norm = _score_tile(k, q_base, offs_m, m_mask, offs_d, d_mask, dim, gamma, eps, FORM_INDEX, QUERY_SIGN,
-                                  dtype, False, BIVECTOR, PRECISION)  # fmt: skip
-            s = s * scale
-            valid = m_mask[:, None] & _visible(offs_m, offs_n, n_mask, q_offset, k_len, KEY_VALID, DOCS, batch,
-                                               IS_CAUSAL, HAS_PADDING, HAS_DOCS)  # fmt: skip
-            lse = tl.load(LSE + bh * q_len + offs_m, mask=m_mask, other=0.0)
-            p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
-            do = tl.load(
-                do_base + offs_m[:, None] * dim + offs_d[None, :], mask=m_mask[:, None] & d_mask[None, :], other=0.0
-            )
-            delta = tl.load(DELTA + bh * q_len + offs_m, mask=m_mask, other=0.0)
-            dv += _dot(tl.trans(p.to(dtype)), do, PRECISION)
-            dp = _dot(do, tl.trans(v), PRECISION)
-            ds = p * (dp - delta[:, None]) * scale  # dL/d(score before scaling)
-            if BIVECTOR:
-                dgamma += tl.sum(ds * norm, 0)
-            dk += _score_grad(ds, norm, k, q_base, offs_m, m_mask, offs_d, d_mask, dim, gamma, FORM_INDEX, QUERY_SIGN,
-                              dtype, False, BIVECTOR, PRECISION)  # fmt: skip
+        for g in range(0, group):
+            bh = kv * group + g  # (batch, query head), row-major
+            gamma = tl.load(GAMMA + bh % num_heads).to(tl.float32)
+            q_base = Q + bh * q_len * dim
+            do_base = DO + bh * q_len * dim
+            dgamma = tl.zeros([BLOCK_N], tl.float32)
+            for start_m in range(lo, hi, BLOCK_M):
+                offs_m = start_m + tl.arange(0, BLOCK_M)
+                m_mask = offs_m < q_len
+                s, norm = _score_tile(k, q_base, offs_m, m_mask, offs_d, d_mask, dim, gamma, eps, FORM_INDEX,
+                                      QUERY_SIGN, dtype, False, BIVECTOR, PRECISION)  # fmt: skip
+                s = s * scale
+                valid = m_mask[:, None] & _visible(offs_m, offs_n, n_mask, q_offset, k_len, KEY_VALID, DOCS, batch,
+                                                   IS_CAUSAL, HAS_PADDING, HAS_DOCS)  # fmt: skip
+                lse = tl.load(LSE + bh * q_len + offs_m, mask=m_mask, other=0.0)
+                p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
+                do = tl.load(
+                    do_base + offs_m[:, None] * dim + offs_d[None, :], mask=m_mask[:, None] & d_mask[None, :], other=0.0
+                )
+                delta = tl.load(DELTA + bh * q_len + offs_m, mask=m_mask, other=0.0)
+                dv += _dot(tl.trans(p.to(dtype)), do, PRECISION)
+                dp = _dot(do, tl.trans(v), PRECISION)
+                ds = p * (dp - delta[:, None]) * scale  # dL/d(score before scaling)
+                if BIVECTOR:
+                    dgamma += tl.sum(ds * norm, 0)
+                dk += _score_grad(ds, norm, k, q_base, offs_m, m_mask, offs_d, d_mask, dim, gamma, FORM_INDEX,
+                                  QUERY_SIGN, dtype, False, BIVECTOR, PRECISION)  # fmt: skip
+            tl.store(DGAMMA + bh * num_key_blocks + pid_n, tl.sum(dgamma, 0))
         tl.store(DK + kv_offsets, dk.to(dtype), mask=kv_mask)
         tl.store(DV + kv_offsets, dv.to(dtype), mask=kv_mask)
-        tl.store(DGAMMA + bh * num_key_blocks + pid_n, tl.sum(dgamma, 0))
 
     @triton.jit
     def _gpa_bwd_dq_kernel(
         Q, K, V, GAMMA, FORM_INDEX, FORM_SIGN, DO, LSE, DELTA, DQ, KEY_VALID, DOCS, DOC_FIRST, DOC_END,
-        num_heads, q_len, k_len, dim, q_offset, scale, eps,
+        num_heads, group, q_len, k_len, dim, q_offset, scale, eps,
         IS_CAUSAL: tl.constexpr, HAS_PADDING: tl.constexpr, HAS_DOCS: tl.constexpr, BIVECTOR: tl.constexpr,
         PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -232,8 +239,9 @@ if HAS_TRITON:
         bh = tl.program_id(1)
         gamma = tl.load(GAMMA + bh % num_heads).to(tl.float32)
         batch = bh // num_heads
-        k_base = K + bh * k_len * dim
-        v_base = V + bh * k_len * dim
+        kv = bh // group  # (batch, key-value head h // group) of query head h, row-major
+        k_base = K + kv * k_len * dim
+        v_base = V + kv * k_len * dim
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         m_mask = offs_m < q_len
@@ -305,7 +313,7 @@ class _GPATritonFunction(torch.autograd.Function):
         grid = (triton.cdiv(q_len, block_m), batch * heads)
         _gpa_fwd_kernel[grid](
             q, k, v, gamma32, index, sign, out, lse, valid, docs[0], docs[1], docs[2],
-            heads, q_len, k_len, dim, k_len - q_len, scaling, eps,
+            heads, heads // k.shape[1], q_len, k_len, dim, k_len - q_len, scaling, eps,
             IS_CAUSAL=flags[0], HAS_PADDING=flags[1], HAS_DOCS=flags[2], BIVECTOR=bivector, PRECISION=_precision(q),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps,
         )  # fmt: skip
@@ -339,14 +347,16 @@ class _GPATritonFunction(torch.autograd.Function):
             BLOCK_D=block_d,
             num_warps=warps,
         )
-        _gpa_bwd_dkdv_kernel[(num_key_blocks, batch * heads)](
+        group = heads // k.shape[1]
+        # one program per key-value head and key block: dK, dV summed over its query heads in the kernel
+        _gpa_bwd_dkdv_kernel[(num_key_blocks, batch * k.shape[1])](
             q, k, v, gamma32, index, query_sign, grad_out, lse, delta, dk, dv, dgamma,
             valid, docs[0], docs[1], docs[2],
-            heads, q_len, k_len, dim, k_len - q_len, scaling, eps, num_key_blocks, **common,
+            heads, group, q_len, k_len, dim, k_len - q_len, scaling, eps, num_key_blocks, **common,
         )  # fmt: skip
         _gpa_bwd_dq_kernel[(triton.cdiv(q_len, block_m), batch * heads)](
             q, k, v, gamma32, index, sign, grad_out, lse, delta, dq, valid, docs[0], docs[1], docs[2],
-            heads, q_len, k_len, dim, k_len - q_len, scaling, eps, **common,
+            heads, group, q_len, k_len, dim, k_len - q_len, scaling, eps, **common,
         )  # fmt: skip
         grad_gamma = dgamma.view(batch, heads, num_key_blocks).sum((0, 2)).to(gamma.dtype) if bivector else None
         return dq, dk, dv, grad_gamma, None, None, None, None, None, None

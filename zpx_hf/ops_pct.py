@@ -100,8 +100,11 @@ def prepare_inputs(
         raise ValueError(f"`query` must be a float tensor; got {query.dtype}.")
     if value is not None and value.shape != key.shape:
         raise ValueError(f"`value` must have the shape of `key` {tuple(key.shape)}; got {tuple(value.shape)}.")
-    if query.shape[:2] != key.shape[:2] or query.shape[-1] != key.shape[-1]:
-        raise ValueError(f"`query` {tuple(query.shape)} and `key` {tuple(key.shape)} disagree on B, H or D.")
+    if query.shape[0] != key.shape[0] or query.shape[1] % key.shape[1] or query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"`query` {tuple(query.shape)} and `key` {tuple(key.shape)} disagree on B or D, or key's heads (Hkv) do "
+            "not divide the query's (H): grouped-query attention reads key-value head h // (H / Hkv)."
+        )
     if query.shape[2] > key.shape[2]:
         raise ValueError(
             f"`query` has more positions ({query.shape[2]}) than `key` ({key.shape[2]}): queries are the last "
@@ -135,8 +138,9 @@ def pct_attention(
 ) -> torch.Tensor:
     """PCT sigmoid attention (module doc) by `kernel` ("auto" or one of `PCT_KERNELS`).
 
-    query [B, H, Lq, 2d], key/value [B, H, Lk, 2d] with Lq <= Lk (query i sits at position Lk - Lq + i);
-    tau and bias [H] or scalars; key_padding_mask [B, Lk] bool (True = real token) or None; document_ids
+    query [B, H, Lq, 2d], key/value [B, Hkv, Lk, 2d] with Lq <= Lk (query i sits at position Lk - Lq + i) and
+    Hkv dividing H (query head h reads key-value head h // (H / Hkv), never a repeated copy); tau and bias [H]
+    (per query head) or scalars; key_padding_mask [B, Lk] bool (True = real token) or None; document_ids
     [B, Lk] (packed rows: a query sees only keys of its own document) or None.
     """
     tau, bias, key_padding_mask, document_ids = prepare_inputs(

@@ -14,8 +14,9 @@ import torch
 class PCTKernel(Protocol):
     """The signature of every PCT kernel; inputs come checked from the entry (`ops_pct.prepare_inputs`).
 
-    query [B, H, Lq, 2d] and key / value [B, H, Lk, 2d] (real head dim [re | im], q and k L2-normalised and
-    rotated), tau and bias [H] tensors (float32 at least), key_padding_mask [B, Lk] bool (True = real token) or
+    query [B, H, Lq, 2d] and key / value [B, Hkv, Lk, 2d] (real head dim [re | im], q and k L2-normalised and
+    rotated; Hkv divides H and query head h reads key-value head h // (H / Hkv): grouped-query attention), tau
+    and bias [H] tensors (float32 at least), key_padding_mask [B, Lk] bool (True = real token) or
     None, document_ids [B, Lk] int64 (packed rows) or None. Query i sits at position Lk - Lq + i. Returns
     out [B, H, Lq, 2d] in the query's dtype."""
 

@@ -32,16 +32,21 @@ def pct_attention_decode(
     keys (others exactly 0).
 
     query [B, H, 1, D] is the last position: causal or not it sees every key of its document, so only padding
-    and documents mask pairs (one key mask, `decode_key_mask`)."""
+    and documents mask pairs (one key mask, `decode_key_mask`). Grouped keys: each key-value head's query rows
+    [B, Hkv, group, D] against its keys, read once."""
     acc = torch.float64 if query.dtype == torch.float64 else torch.float32  # promote_types(dtype, float32)
     visible = decode_key_mask(key_padding_mask, document_ids)
+    batch, heads, _, dim = query.shape
+    key_heads = key.shape[1]
+    # query head h = kv * group + g is row g of key-value head kv (with full heads: [B, H, 1, D] as it is)
+    query = query.view(batch, key_heads, heads // key_heads, dim)
     with autocast_off(query):
-        raw = torch.matmul(_as(query, acc) * _as(tau, acc).view(-1, 1, 1), _as(key, acc).transpose(-1, -2))
-        gate = torch.sigmoid(raw.add_(_as(bias, acc).view(-1, 1, 1)))  # tau q.k_j + b, [B, H, 1, Lk]
+        raw = torch.matmul(_as(query, acc) * _as(tau, acc).view(key_heads, -1, 1), _as(key, acc).transpose(-1, -2))
+        gate = torch.sigmoid(raw.add_(_as(bias, acc).view(key_heads, -1, 1)))  # tau q.k_j + b, [B, Hkv, group, Lk]
         if visible is not None:
             gate = gate.masked_fill(~visible[:, None, None, :], 0.0)  # not in place: sigmoid's backward
         out = torch.matmul(gate, _as(value, acc))
-    return _as(out, query.dtype)
+    return _as(out.view(batch, heads, 1, dim), query.dtype)
 
 
 __all__ = ["pct_attention_decode"]

@@ -10,7 +10,9 @@ attention on the real head dim D = 2d, with q, k, v laid out [re | im]:
 
 Key j is visible to query i iff `key_padding_mask[b, j]` (when given), both lie in one document (when
 `document_ids` are given) and, when causal, j <= i + (Lk - Lq) (the Lq queries are the last positions).
-Gates are computed in float32 at least (float64 stays float64) with autocast off. Memory O(B H Lq Lk).
+Grouped-query attention by its definition: query head h reads key-value head h // group (keys and values
+indexed per query head). Gates are computed in float32 at least (float64 stays float64) with autocast off.
+Memory O(B H Lq Lk).
 """
 
 from __future__ import annotations
@@ -18,6 +20,14 @@ from __future__ import annotations
 import torch
 
 from .ops_common import autocast_off, visible_keys
+
+
+def per_query_head(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Key-value heads [B, Hkv, ...] indexed per query head h -> h // (H / Hkv): [B, H, ...] (the definition)."""
+    group = heads // x.shape[1]
+    if group == 1:
+        return x
+    return x.index_select(1, torch.arange(heads, device=x.device) // group)
 
 
 def pct_gates(
@@ -30,6 +40,7 @@ def pct_gates(
     document_ids: torch.Tensor | None,
 ) -> torch.Tensor:
     """a_ij = sigmoid(tau_h q_i.k_j + b_h) on visible pairs, exactly 0 elsewhere; [B, H, Lq, Lk], >= float32."""
+    key = per_query_head(key, query.shape[1])
     acc = torch.promote_types(query.dtype, torch.float32)
     with autocast_off(query):
         raw = query.to(acc) @ key.to(acc).transpose(-1, -2)
@@ -52,8 +63,9 @@ def pct_attention_naive(
     """`ops_pct_base.PCTKernel`: out_i = sum_j sigmoid(tau q_i.k_j + b) v_j over visible pairs, every gate
     materialised (module doc)."""
     gate = pct_gates(query, key, tau, bias, causal, key_padding_mask, document_ids)
+    value = per_query_head(value, query.shape[1])
     with autocast_off(query):
         return (gate @ value.to(gate.dtype)).to(query.dtype)
 
 
-__all__ = ["pct_attention_naive", "pct_gates"]
+__all__ = ["pct_attention_naive", "pct_gates", "per_query_head"]

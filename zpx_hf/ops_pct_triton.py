@@ -6,8 +6,11 @@ other documents' tokens (`ops_common.key_tile_range` / `query_tile_range`) are n
 forward (out = a V per query tile); dk/dv per key tile; dq per query tile with the per-tile partial
 sums of dtau = sum ds raw and db = sum ds (reduced by the wrapper). With dP = dO V^T and
 ds = dP a (1 - a): dq = tau ds K, dk = tau ds^T Q, dv = a^T dO. fp32/fp16/bf16 on CUDA; on CPU only
-under TRITON_INTERPRET=1 (set before import; tests). `triton` is optional: without it this module
-imports and `HAS_TRITON` is False. Inputs come checked from the entry (`ops_pct.pct_attention`).
+under TRITON_INTERPRET=1 (set before import; tests). Grouped keys (Hkv < H): query head h reads key-value head
+h // GROUP in the pointer arithmetic (never a repeated copy); the dk/dv kernel runs per key-value head and
+accumulates over its group's query heads in the kernel (dk += tau_h ds_h^T Q_h, dv += a_h^T dO_h).
+`triton` is optional: without it this module imports and `HAS_TRITON` is False. Inputs come checked from the
+entry (`ops_pct.pct_attention`).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ if HAS_TRITON:
     def _pct_fwd_kernel(
         Q, K, V, O, TAU, BIAS, KPM, DOC, DOC_FIRST, DOC_END,
         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod, s_kpm, s_doc,
-        H, L_Q, L_K, D, OFFSET,
+        H, GROUP, L_Q, L_K, D, OFFSET,
         CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):  # fmt: skip
@@ -65,6 +68,7 @@ if HAS_TRITON:
         pid_m = tl.program_id(1)
         b = pid_bh // H
         h = pid_bh % H
+        kh = h // GROUP  # the key-value head query head h reads
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d[None, :] < D
@@ -82,8 +86,8 @@ if HAS_TRITON:
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             kv_mask = (offs_n[:, None] < L_K) & d_ok
-            k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_mask, other=0.0)
-            v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_mask, other=0.0)
+            k = tl.load(K + b * skb + kh * skh + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_mask, other=0.0)
+            v = tl.load(V + b * svb + kh * svh + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_mask, other=0.0)
             raw = tl.dot(q, tl.trans(k), input_precision=PRECISION)
             gate = tl.sigmoid(raw * tau + bias)
             valid = _visible_tile(offs_m, offs_n, b, KPM, s_kpm, DOC, s_doc, L_Q, L_K, OFFSET, CAUSAL, HAS_KPM, HAS_DOC)
@@ -100,45 +104,51 @@ if HAS_TRITON:
     def _pct_bwd_dkdv_kernel(
         Q, K, V, DO, DK, DV, TAU, BIAS, KPM, DOC, DOC_FIRST, DOC_END,
         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, s_kpm, s_doc,
-        H, L_Q, L_K, D, OFFSET,
+        H, GROUP, L_Q, L_K, D, OFFSET,
         CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):  # fmt: skip
         # Q, DO share strides (sq*); K, V, DK, DV share strides (sk*, sv*): the wrapper makes them contiguous.
+        # One program per (batch, key-value head kh, key tile): its group's query heads kh * GROUP + g in turn.
         pid_bh = tl.program_id(0)
         pid_n = tl.program_id(1)
-        b = pid_bh // H
-        h = pid_bh % H
+        b = pid_bh // (H // GROUP)
+        kh = pid_bh % (H // GROUP)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d[None, :] < D
         kv_mask = (offs_n[:, None] < L_K) & d_ok
-        k_ptrs = b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd
-        v_ptrs = b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd
+        k_ptrs = b * skb + kh * skh + offs_n[:, None] * skn + offs_d[None, :] * skd
+        v_ptrs = b * svb + kh * svh + offs_n[:, None] * svn + offs_d[None, :] * svd
         k = tl.load(K + k_ptrs, mask=kv_mask, other=0.0)
         v = tl.load(V + v_ptrs, mask=kv_mask, other=0.0)
-        tau = tl.load(TAU + h)
-        bias = tl.load(BIAS + h)
         dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
         # query tiles above the diagonal (causal) or of other documents only (packed) see none of these keys
         lo, hi = query_tile_range(pid_n, L_Q, L_K, OFFSET, b * s_doc, DOC_FIRST, DOC_END, CAUSAL, HAS_DOC,
                                   BLOCK_M, BLOCK_N)  # fmt: skip
-        for start_m in range(lo, hi, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            q_ptrs = b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd
-            q_mask = (offs_m[:, None] < L_Q) & d_ok
-            q = tl.load(Q + q_ptrs, mask=q_mask, other=0.0)
-            do = tl.load(DO + q_ptrs, mask=q_mask, other=0.0)
-            raw = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-            gate = tl.sigmoid(raw * tau + bias)
-            valid = _visible_tile(offs_m, offs_n, b, KPM, s_kpm, DOC, s_doc, L_Q, L_K, OFFSET, CAUSAL, HAS_KPM, HAS_DOC)
-            gate = tl.where(valid, gate, 0.0)
-            dv += tl.dot(tl.trans(gate.to(do.dtype)), do, input_precision=PRECISION)
-            dgate = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-            ds = dgate * gate * (1.0 - gate)
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-        tl.store(DK + k_ptrs, (dk * tau).to(DK.dtype.element_ty), mask=kv_mask)
+        for g in range(0, GROUP):
+            h = kh * GROUP + g
+            tau = tl.load(TAU + h)
+            bias = tl.load(BIAS + h)
+            dk_h = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)  # ds_h^T Q_h, scaled by this head's tau
+            for start_m in range(lo, hi, BLOCK_M):
+                offs_m = start_m + tl.arange(0, BLOCK_M)
+                q_ptrs = b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd
+                q_mask = (offs_m[:, None] < L_Q) & d_ok
+                q = tl.load(Q + q_ptrs, mask=q_mask, other=0.0)
+                do = tl.load(DO + q_ptrs, mask=q_mask, other=0.0)
+                raw = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+                gate = tl.sigmoid(raw * tau + bias)
+                valid = _visible_tile(offs_m, offs_n, b, KPM, s_kpm, DOC, s_doc, L_Q, L_K, OFFSET, CAUSAL, HAS_KPM,
+                                      HAS_DOC)  # fmt: skip
+                gate = tl.where(valid, gate, 0.0)
+                dv += tl.dot(tl.trans(gate.to(do.dtype)), do, input_precision=PRECISION)
+                dgate = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+                ds = dgate * gate * (1.0 - gate)
+                dk_h += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+            dk += dk_h * tau
+        tl.store(DK + k_ptrs, dk.to(DK.dtype.element_ty), mask=kv_mask)
         tl.store(DV + v_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
 
     @triton.autotune(configs=_configs(), key=_AUTOTUNE_KEY, reset_to_zero=["DTAU", "DBIAS"])
@@ -146,7 +156,7 @@ if HAS_TRITON:
     def _pct_bwd_dq_kernel(
         Q, K, V, DO, DQ, TAU, BIAS, KPM, DOC, DOC_FIRST, DOC_END, DTAU, DBIAS,
         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, s_kpm, s_doc, s_part,
-        H, L_Q, L_K, D, OFFSET,
+        H, GROUP, L_Q, L_K, D, OFFSET,
         CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_DOC: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):  # fmt: skip
@@ -155,6 +165,7 @@ if HAS_TRITON:
         pid_m = tl.program_id(1)
         b = pid_bh // H
         h = pid_bh % H
+        kh = h // GROUP  # the key-value head query head h reads
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d[None, :] < D
@@ -172,8 +183,8 @@ if HAS_TRITON:
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             kv_mask = (offs_n[:, None] < L_K) & d_ok
-            k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_mask, other=0.0)
-            v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_mask, other=0.0)
+            k = tl.load(K + b * skb + kh * skh + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_mask, other=0.0)
+            v = tl.load(V + b * svb + kh * svh + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_mask, other=0.0)
             raw = tl.dot(q, tl.trans(k), input_precision=PRECISION)
             gate = tl.sigmoid(raw * tau + bias)
             valid = _visible_tile(offs_m, offs_n, b, KPM, s_kpm, DOC, s_doc, L_Q, L_K, OFFSET, CAUSAL, HAS_KPM, HAS_DOC)
@@ -223,7 +234,7 @@ if HAS_TRITON:
             _pct_fwd_kernel[grid](
                 q, k, v, out, tau, bias, kpm, doc, doc_first, doc_end,
                 *q.stride(), *k.stride(), *v.stride(), *out.stride(), s_kpm, s_doc,
-                heads, l_q, l_k, dim, l_k - l_q, **meta,
+                heads, heads // k.shape[1], l_q, l_k, dim, l_k - l_q, **meta,
             )  # fmt: skip
             ctx.save_for_backward(q, k, v, tau, bias, key_padding_mask, documents)
             ctx.causal = causal
@@ -239,10 +250,11 @@ if HAS_TRITON:
             kpm, s_kpm, doc, doc_first, doc_end, s_doc = _row_pointers(q, key_padding_mask, documents)
             meta = _launch_meta(q, ctx.causal, key_padding_mask, documents)
             common = (*q.stride(), *k.stride(), *v.stride(), s_kpm, s_doc)
-            sizes = (heads, l_q, l_k, dim, l_k - l_q)
+            key_heads = k.shape[1]
+            sizes = (heads, heads // key_heads, l_q, l_k, dim, l_k - l_q)
 
-            def grid_n(c):
-                return (batch * heads, triton.cdiv(l_k, c["BLOCK_N"]))
+            def grid_n(c):  # one program per key-value head and key tile: dk, dv summed over its group in-kernel
+                return (batch * key_heads, triton.cdiv(l_k, c["BLOCK_N"]))
 
             _pct_bwd_dkdv_kernel[grid_n](
                 q, k, v, do, dk, dv, tau, bias, kpm, doc, doc_first, doc_end, *common, *sizes, **meta

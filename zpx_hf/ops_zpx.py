@@ -183,10 +183,11 @@ def check_inputs(
             f"`query_features` must be [B, H, Lq, 5C] = [{batch}, {heads}, {l_q}, 5C]; "
             f"got {tuple(query_features.shape)}."
         )
-    if key_aug.shape[:2] != query.shape[:2] or key_aug.shape[-1] != head_dim + width:
+    key_heads = key_aug.shape[1]
+    if key_aug.shape[0] != batch or key_heads < 1 or heads % key_heads or key_aug.shape[-1] != head_dim + width:
         raise ValueError(
-            f"`key_aug` must be [B={batch}, H={heads}, Lk, d + 5C = {head_dim + width}] (k^ = [k, cos, sin, s]); "
-            f"got {tuple(key_aug.shape)}."
+            f"`key_aug` must be [B={batch}, Hkv, Lk, d + 5C = {head_dim + width}] (k^ = [k, cos, sin, s]) with Hkv "
+            f"dividing H={heads} (grouped-query attention); got {tuple(key_aug.shape)}."
         )
     if value.shape[:3] != key_aug.shape[:3]:
         raise ValueError(f"`value` must be [B, H, Lk] = {tuple(key_aug.shape[:3])} + [dv]; got {tuple(value.shape)}.")
@@ -212,8 +213,9 @@ def zpx_attention(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """ZPX attention by `kernel` ("auto" or one of `ZPX_KERNELS`; module doc).
 
-    query [B, H, Lq, d], key_aug [B, H, Lk, d + 5C] (k^ = [k, cos phi, sin phi, s]), value [B, H, Lk, dv],
-    query_features [B, H, Lq, 5C]; key_padding_mask [B, Lk] bool (True = real token) and document_ids [B, Lk]
+    query [B, H, Lq, d], key_aug [B, Hkv, Lk, d + 5C] (k^ = [k, cos phi, sin phi, s]), value [B, Hkv, Lk, dv]
+    (Hkv divides H: query head h reads key-value head h // (H / Hkv), never a repeated copy), query_features
+    [B, H, Lq, 5C]; key_padding_mask [B, Lk] bool (True = real token) and document_ids [B, Lk]
     (packed rows: equal within a document) or None. Query i sits at position Lk - Lq + i; it sees key j
     when causality, padding and documents allow, and a row that sees no key outputs zeros.
     Returns (output [B, Lq, H, dv], attention weights [B, H, Lq, Lk] from `naive`, else None).

@@ -22,10 +22,11 @@ PHASE_FEATURES = 5  # per-channel key features: cos phi, sin phi, X, Y, Z
 class ZPXKernel(Protocol):
     """The signature of every ZPX kernel; inputs come checked from the entry (`ops_zpx.check_inputs`).
 
-    query [B, H, Lq, d]; key_aug [B, H, Lk, d + 5C] (k^); value [B, H, Lk, dv]; query_features [B, H, Lq, 5C]
-    (the queries' [cos, sin, X, Y, Z]); key_padding_mask [B, Lk] bool (True = real token) or None; document_ids
-    [B, Lk] int64 (packed rows) or None. Query i sits at position Lk - Lq + i. Returns (output [B, Lq, H, dv],
-    weights [B, H, Lq, Lk] where the kernel materialises them, else None)."""
+    query [B, H, Lq, d]; key_aug [B, Hkv, Lk, d + 5C] (k^); value [B, Hkv, Lk, dv]; query_features [B, H, Lq, 5C]
+    (the queries' [cos, sin, X, Y, Z]); Hkv divides H and query head h reads key-value head h // (H / Hkv)
+    (grouped-query attention; Hkv = H is multi-head); key_padding_mask [B, Lk] bool (True = real token) or None;
+    document_ids [B, Lk] int64 (packed rows) or None. Query i sits at position Lk - Lq + i. Returns (output
+    [B, Lq, H, dv], weights [B, H, Lq, Lk] where the kernel materialises them, else None)."""
 
     def __call__(
         self,

@@ -1,8 +1,9 @@
 """ZPX angle-sphere attention for one query row (kernel `decode`: cached decoding, one token per step).
 
 The last position sees every key of its document, so causality hides nothing and only padding and documents
-mask keys (`ops_common.decode_key_mask`). softmax(q^ k^T) v as two batched GEMVs over [B*H] (cheaper than a
-fused kernel's launch at one row), v keeping its own head dim. Same function as `ops_zpx_naive` for one row.
+mask keys (`ops_common.decode_key_mask`). softmax(q^ k^T) v as two batched GEMMs over [B*Hkv], each key-value
+head's group of query rows against its keys read once (cheaper than a fused kernel's launch at one row), v
+keeping its own head dim. Same function as `ops_zpx_naive` for one row.
 """
 
 from __future__ import annotations
@@ -31,19 +32,22 @@ def zpx_attention_decode(
     """`ops_zpx_base.ZPXKernel` for query [B, H, 1, d] (the entry never sends dropout here); returns (output
     [B, 1, H, dv], None)."""
     batch, heads, _, _ = query.shape
-    k_len = key_aug.shape[2]
+    key_heads, k_len = key_aug.shape[1:3]
+    group = heads // key_heads
     query_aug = augment_query(query, query_features, scaling, lambda_angle, lambda_sphere)
-    scores = torch.bmm(query_aug.flatten(0, 1), key_aug.flatten(0, 1).transpose(1, 2))  # [B*H, 1, Lk]
+    # [B*Hkv, group, W] x [B*Hkv, W, Lk]: query head h = kv * group + g is row g of key-value head kv
+    rows = query_aug.reshape(batch * key_heads, group, -1)
+    scores = torch.bmm(rows, key_aug.flatten(0, 1).transpose(1, 2))  # [B*Hkv, group, Lk]
     visible = decode_key_mask(key_padding_mask, document_ids)
     if visible is not None:
         visible = visible[:, None, None, :]
-        scores = scores.view(batch, heads, 1, k_len).masked_fill(~visible, torch.finfo(scores.dtype).min)
+        scores = scores.view(batch, key_heads, group, k_len).masked_fill(~visible, torch.finfo(scores.dtype).min)
     weights = F.softmax(upcast(scores), dim=-1)
     if visible is not None:
         weights = weights * visible.any(dim=-1, keepdim=True)  # a row with no visible key: zeros
     if weights.dtype != value.dtype:
         weights = weights.to(value.dtype)
-    output = torch.bmm(weights.view(batch * heads, 1, k_len), value.flatten(0, 1))  # [B*H, 1, dv]
+    output = torch.bmm(weights.view(batch * key_heads, group, k_len), value.flatten(0, 1))  # [B*Hkv, group, dv]
     return output.view(batch, heads, 1, -1).transpose(1, 2), None
 
 

@@ -5,7 +5,9 @@ The score formula of docs/design.md §3.2 term by term:
     S_ij = q_i.k_j / sqrt(d) + la mean_c cos(phi_ic - phi_jc) + ls mean_c <s_ic, s_jc>
 
 materialising the [.., Lq, Lk, C] angle and [.., Lq, Lk, C, 3] sphere tensors: O(L^2 C) memory. Query i
-sees key j when causality, padding and documents allow; a row that sees no key outputs zeros.
+sees key j when causality, padding and documents allow; a row that sees no key outputs zeros. Grouped-query
+attention by its definition: query head h reads key-value head h // group (the keys and values indexed per
+query head).
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ def zpx_attention_naive(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`ops_zpx_base.ZPXKernel`; returns (output [B, Lq, H, dv], weights [B, H, Lq, Lk])."""
     head_dim = query.shape[-1]
+    group = query.shape[1] // key_aug.shape[1]
+    if group > 1:  # query head h -> key-value head h // group
+        kv_head = torch.arange(query.shape[1], device=query.device) // group
+        key_aug, value = key_aug.index_select(1, kv_head), value.index_select(1, kv_head)
     key, key_features = key_aug[..., :head_dim], key_aug[..., head_dim:]
     channels = key_features.shape[-1] // PHASE_FEATURES
 

@@ -6,7 +6,8 @@ and k^ = [k, cos phi, sin phi, s] the score is S = q^ . k^: ordinary SDPA (scale
 with O(L) memory. Without padding or documents that is one SDPA call (`is_causal`); with them, query
 panels (at most `PANEL_ROWS` rows and `MASK_ELEMENTS` mask entries), each against only the keys it can see
 (`query_panels`: causality, documents), recomputed in the backward when the masks kept for it would exceed
-`KEPT_MASK_ELEMENTS` in all: never an L x L mask.
+`KEPT_MASK_ELEMENTS` in all: never an L x L mask. Grouped keys and values (Hkv < H) go to SDPA's grouped mode
+(`enable_gqa`: query head h reads key-value head h // group), never repeated here.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ def _panel(query, key, value, key_padding_mask, document_ids, block, sizes, caus
     if mask is not None and key_padding_mask is not None:  # open empty rows for softmax, zero them after
         seen = mask.any(dim=-1, keepdim=True)
         mask = mask | ~seen
-    output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=1.0)
+    gqa = query.shape[1] != key.shape[1]
+    output = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=1.0, enable_gqa=gqa
+    )
     return output if seen is None else output * seen
 
 
@@ -115,6 +119,7 @@ def zpx_attention_panel(
             dropout_p=dropout,
             is_causal=bool(causal and l_q > 1),
             scale=1.0,
+            enable_gqa=query_aug.shape[1] != key_aug.shape[1],
         )
         return output[..., :value_dim].transpose(1, 2), None
     rows = max(16, min(PANEL_ROWS, MASK_ELEMENTS // max(1, batch * l_k)))

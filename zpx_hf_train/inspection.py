@@ -181,7 +181,8 @@ def _numpy(x: torch.Tensor) -> np.ndarray:
 
 
 def zpx_circle_points(outputs: Any) -> dict[str, np.ndarray]:
-    """From `outputs.phases` (per layer Phi [B, L, H, C, 7] = [log_r, cos phi, sin phi, X, Y, Z, b]):
+    """From `outputs.phases` (per layer Phi [B, L, H, C, 7] = [log_r, cos phi, sin phi, X, Y, Z, b]; H counts
+    key-value heads, one phase each, in a grouped-query model):
     `points` [layers, L, H, C, 2] = r (cos phi, sin phi) with r = exp(log_r), and `center`
     [layers, H, C, 2] = (1/n) sum_i r_i e^{i phi_i}."""
     phi = np.stack([_numpy(layer[0]) for layer in outputs.phases])  # [layers, L, H, C, 7]
