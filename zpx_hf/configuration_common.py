@@ -314,7 +314,7 @@ class GeometricConfig(PretrainedConfig):
         # ... where (5.25) it refuses an odd head_dim even without rotary tables: hidden from it for rotary="none"
         head_dim = self.head_dim
         if rotary == "none":
-            self.head_dim = None
+            self.__dict__["head_dim"] = None  # not a value of the field: its rule is not asked
         with rope_errors_named(self.rope_parameters):
             super().__init__(
                 pad_token_id=pad_token_id,
@@ -368,7 +368,9 @@ class GeometricConfig(PretrainedConfig):
         # `from_pretrained(..., field=v)` sets by setattr) checks it at once; checks across fields run in
         # `validate()`. (transformers 5.25 marks the end of init with `_post_init_done`; 5.17 has no such mark.)
         rules = type(self).field_rules
-        if key in rules and all(field in self.__dict__ for field in rules):
+        # (a field held by a property, such as `rope_theta` over `rope_parameters`, is never in `__dict__`)
+        stored = [field for field in rules if not isinstance(getattr(type(self), field, None), property)]
+        if key in rules and all(field in self.__dict__ for field in stored):
             check_field(key, value, rules[key])
         super().__setattr__(key, value)
 

@@ -43,8 +43,8 @@ from .modeling_common import (
     attention_implementation,
     trim_static_cache,
 )
-from .ops_common import PHASE_FEATURES
 from .ops_zpx import (
+    PHASE_FEATURES,
     PhaseState,
     augment_query,
     center_cancellation_loss,
