@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import zpx_hf
+from zpx_hf.ops_common import HAS_TRITON
 from zpx_hf.ops_gpa import geometric_product_attention
 from zpx_hf.ops_pct import pct_attention
 from zpx_hf.ops_zpx import phase_coordinates, phase_key_features, zpx_attention
@@ -225,6 +226,8 @@ def test_pct_kernels_take_grouped_keys_as_their_repeats(kernel, l_q, key_heads, 
     """Every PCT kernel on grouped k / v equals the naive reference on k / v repeated per query head, forward and
     every gradient (dq, dtau, db alike; dk and dv the group sums of the repeated ones): float64, Triton in float32
     under the interpreter against the float64 reference at eps scale. Panels of 2 rows: several per call."""
+    if kernel == "triton" and not HAS_TRITON:
+        pytest.skip("triton is not installed")
     monkeypatch.setattr("zpx_hf.ops_pct_panel.PANEL_ROWS", 2)
     key_padding_mask, document_ids = MASKS[masks]
     dtype = torch.float32 if kernel == "triton" else torch.float64
@@ -282,6 +285,8 @@ def test_gpa_kernels_take_grouped_keys_as_their_repeats(kernel, l_q, key_heads, 
     reference on k / v repeated per query head, forward and every gradient (dgamma per query head; dk and dv the
     group sums of the repeated ones): float64, Triton in float32 under the interpreter against the float64
     reference at eps scale. Chunks of 2 queries and 3 keys: several panels and key blocks per call."""
+    if kernel == "triton" and not HAS_TRITON:
+        pytest.skip("triton is not installed")
     monkeypatch.setattr("zpx_hf.ops_gpa_chunk.PANEL", 2)
     monkeypatch.setattr("zpx_hf.ops_gpa_chunk.BLOCK", 3)
     key_padding_mask, document_ids = MASKS[masks]
