@@ -52,6 +52,7 @@ SOURCES = {
             }
         ),
     ),
+    "llama-multi-query": (LlamaForCausalLM, LlamaConfig, dict(num_key_value_heads=1)),
     "mistral": (MistralForCausalLM, MistralConfig, dict(sliding_window=64, head_dim=8)),
     "qwen2": (Qwen2ForCausalLM, Qwen2Config, dict(tie_word_embeddings=True)),
 }
@@ -125,12 +126,6 @@ def test_checkpoint_carries_tokenizer_generation_config_card_and_remote_code(tmp
 @pytest.mark.parametrize(
     "name,overrides,family,match",
     [
-        (
-            "llama",
-            dict(num_key_value_heads=1),
-            "zpx",
-            "num_key_value_heads=1 < num_attention_heads=2 needs grouped-query attention: not yet supported",
-        ),
         ("mistral", dict(sliding_window=16), "zpx", "`sliding_window`=16"),
         ("llama", dict(hidden_act="gelu"), "zpx", "`hidden_act`='gelu'"),
         ("llama", dict(unknown_switch=True), "zpx", "`unknown_switch`=True"),

@@ -9,8 +9,8 @@ the score is the source's and the lambdas still receive a gradient (docs/design.
     convert_llama_to_zpx("path/to/llama", "path/to/zpx")      # or: zpx-convert path/to/llama path/to/zpx
 
 Whatever the map cannot carry exactly stops the conversion with one line naming it (`ConversionError`): another
-architecture, a config field without a ZPX equivalent, grouped-query attention, a sliding window shorter than the
-context, an activation other than SiLU.
+architecture, a config field without a ZPX equivalent, a sliding window shorter than the context, an activation
+other than SiLU. Grouped- and multi-query sources keep their `num_key_value_heads`.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ COPIED_FIELDS = (
     "attention_bias",
     "mlp_bias",
     "tie_word_embeddings",
+    "num_key_value_heads",  # grouped-query sources keep their key-value heads (docs/design.md §3.8)
     "use_cache",
     "pad_token_id",
     "bos_token_id",
@@ -62,7 +63,6 @@ COPIED_FIELDS = (
 # `pretraining_tp` (transformers 5's Llama no longer reads it), the Hub and serialisation bookkeeping.
 CHECKED_FIELDS = (
     "hidden_act",
-    "num_key_value_heads",
     "sliding_window",
     "use_sliding_window",
     "max_window_layers",
@@ -105,16 +105,6 @@ class ConversionError(ValueError):
     """A source checkpoint the conversion cannot carry exactly; the one-line message names what and why."""
 
 
-def grouped_query_refusal(num_heads: int, num_key_value_heads: int) -> str | None:
-    """The one place grouped-query sources are refused (lifted once ZPX has `num_key_value_heads`)."""
-    if num_key_value_heads < num_heads:
-        return (
-            f"num_key_value_heads={num_key_value_heads} < num_attention_heads={num_heads} needs grouped-query "
-            "attention: not yet supported"
-        )
-    return None
-
-
 def zpx_config_from(source: Any, phase_channels: int = 8, learnable_lambdas: bool = True) -> ZPXConfig:
     """The ZPX config whose model at lambdas 0 computes what `source` (a Llama, Mistral or Qwen2 config) does."""
     architectures = list(getattr(source, "architectures", None) or [])
@@ -135,10 +125,6 @@ def zpx_config_from(source: Any, phase_channels: int = 8, learnable_lambdas: boo
         raise ConversionError(
             f"source config field `hidden_act`={source.hidden_act!r}: ZPX's feed-forward layer is SwiGLU with SiLU."
         )
-    heads = source.num_attention_heads
-    refusal = grouped_query_refusal(heads, getattr(source, "num_key_value_heads", None) or heads)
-    if refusal is not None:
-        raise ConversionError(f"source config field `num_key_value_heads`: {refusal}.")
     layer_types = set(getattr(source, "layer_types", None) or ["full_attention"])
     if layer_types != {"full_attention"}:
         raise ConversionError(f"source config field `layer_types`={sorted(layer_types)}: ZPX layers attend fully.")
@@ -265,6 +251,5 @@ __all__ = [
     "ConversionError",
     "SOURCE_ARCHITECTURES",
     "convert_llama_to_zpx",
-    "grouped_query_refusal",
     "zpx_config_from",
 ]
