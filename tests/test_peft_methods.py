@@ -94,6 +94,8 @@ def test_default_targets_are_registered_for_every_family():
     assert lora["zpx"] == lora["llama"] == ["q_proj", "v_proj"]
     assert sorted(lora["pct"]) == ["q_proj.imag", "q_proj.real", "v_proj.imag", "v_proj.real"]
     assert lora["versor"] == ["q_proj", "v_proj"]
+    for family, targets in zpx_hf.integration_peft.LORA_TARGET_MODULES.items():  # the table the training stack reads
+        assert sorted(lora[family]) == sorted(targets), family
     # methods sharing Llama's q/v default get the zpx/pct defaults; they wrap nn.Linear only, so not versor
     loha = peft_constants.TRANSFORMERS_MODELS_TO_LOHA_TARGET_MODULES_MAPPING
     assert loha["zpx"] == lora["zpx"] and loha["pct"] == lora["pct"] and "versor" not in loha
@@ -246,7 +248,7 @@ def test_method_with_default_targets_is_identity_merges_and_reloads(method, case
 
 @pytest.mark.parametrize("method", METHODS)
 def test_versor_refuses_other_methods_in_one_line(method):
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(ValueError, match="VersorLinear") as error:
         peft.get_peft_model(base_model("versor-hybrid"), METHODS[method]())
     message = str(error.value)
     assert "\n" not in message
@@ -371,6 +373,12 @@ def test_versor_lora_refuses_options_it_cannot_honour():
     ]:
         with pytest.raises(ValueError, match=match):
             VersorLoraLinear(base, "default", config=peft.LoraConfig(r=2, **kwargs), r=2, lora_alpha=2)
+
+
+def test_versor_lora_refuses_a_base_that_is_not_a_versor_linear():
+    """A VersorLoraLinear registered for another layer type (`_register_custom_module`) says what it adapts."""
+    with pytest.raises(TypeError, match="VersorLoraLinear adapts a VersorLinear, not Linear"):
+        VersorLoraLinear(torch.nn.Linear(3, 3), "default", config=peft.LoraConfig(r=2), r=2, lora_alpha=2)
 
 
 def test_versor_lora_config_adapts_plain_modules(tmp_path):

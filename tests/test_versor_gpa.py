@@ -207,6 +207,15 @@ def test_scalar_only_is_one_function_on_every_path(small_chunks):
         assert torch.equal(path(gamma.detach() + 5.0), out)  # gamma is not part of the function
 
 
+@pytest.mark.parametrize("bivector", [True, False], ids=["bivector", "scalar"])
+def test_no_query_rows_give_an_empty_output_on_every_path(bivector):
+    """Lq = 0 against a cache of keys (causal, so the scalar path builds its own mask): [B, H, 0, D], no error."""
+    q, k, v, gamma = (t.detach() for t in make_inputs(2, 2, 0, 5, 1, dtype=torch.float32))
+    for name in ("auto", "naive", "chunk"):
+        out = geometric_product_attention(q, k, v, gamma, causal=True, bivector=bivector, kernel=name)
+        assert out.shape == (2, 2, 0, 32), name
+
+
 def test_auto_kernel_on_cpu_is_the_chunk_kernel():
     q, k, v, gamma = (t.detach() for t in make_inputs(1, 2, 9, 9, 1, dtype=torch.float32))
     auto = geometric_product_attention(q, k, v, gamma, causal=True)

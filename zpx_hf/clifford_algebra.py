@@ -224,14 +224,14 @@ def _build_matrix_basis() -> torch.Tensor:
         torch.kron(sz, sy),
         1j * torch.kron(sz, sz),
     ]
-    basis = []
+    matrices = []
     for mask in range(NUM_BLADES):
         m = torch.eye(4, dtype=torch.complex128, device=_CPU)
         for bit in range(5):
             if mask >> bit & 1:
                 m = m @ generators[bit]
-        basis.append(m)
-    basis = torch.stack(basis)
+        matrices.append(m)
+    basis = torch.stack(matrices)
     return torch.stack((basis.real, basis.imag), dim=1)
 
 

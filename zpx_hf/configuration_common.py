@@ -155,7 +155,7 @@ def transformers_config_keys() -> frozenset[str]:
 
 
 @functools.cache
-def family_config_fields(config_class: type) -> frozenset[str]:
+def family_config_fields(config_class: type[GeometricConfig]) -> frozenset[str]:
     """The fields a config class defines itself: its checked fields and every `__init__` parameter up its MRO."""
     fields = set(config_class.field_rules)
     for klass in config_class.__mro__:
@@ -166,11 +166,12 @@ def family_config_fields(config_class: type) -> frozenset[str]:
     return frozenset(fields)
 
 
-def warn_unknown_fields(config_class: type, kwargs: dict[str, Any]) -> None:
+def warn_unknown_fields(config_class: type[GeometricConfig], kwargs: dict[str, Any]) -> None:
     """Warn for each key no code reads (a typo such as `hiden_size` leaves `hidden_size` at its default and
     trains the wrong model), naming the nearest known field. transformers keeps such keys as attributes
     without a word; private keys (`_...`) are its own bookkeeping."""
-    family = family_config_fields(config_class)
+    # arg-type: a class is hashable (by its metaclass); mypy asks the instances' `__hash__`, which a dataclass drops
+    family = family_config_fields(config_class)  # type: ignore[arg-type]
     known = family | transformers_config_keys()
     for key, value in kwargs.items():
         if key in known or key.startswith("_"):
@@ -198,9 +199,8 @@ def rope_parameters_from(
     if given is not None and not isinstance(given, dict):
         _fail("rope_parameters", given, "expected a mapping such as {'rope_type': 'default', 'rope_theta': 1e4}.")
     params = dict(given or {})  # a copy: transformers' standardisation writes into it
-    if rope_theta is not None:
-        if params.setdefault("rope_theta", rope_theta) != rope_theta:
-            _fail("rope_theta", rope_theta, f"rope_parameters gives rope_theta={params['rope_theta']!r}; give one.")
+    if rope_theta is not None and params.setdefault("rope_theta", rope_theta) != rope_theta:
+        _fail("rope_theta", rope_theta, f"rope_parameters gives rope_theta={params['rope_theta']!r}; give one.")
     params.setdefault("rope_type", params.get("type", "default"))
     params.setdefault("rope_theta", DEFAULT_ROPE_THETA)
     return params
@@ -316,7 +316,8 @@ class GeometricConfig(PretrainedConfig):
         if rotary == "none":
             self.__dict__["head_dim"] = None  # not a value of the field: its rule is not asked
         with rope_errors_named(self.rope_parameters):
-            super().__init__(
+            # call-arg: transformers' `@strict(accept_kwargs=True)` takes the keys its dataclass signature omits
+            super().__init__(  # type: ignore[call-arg]
                 pad_token_id=pad_token_id,
                 bos_token_id=bos_token_id,
                 eos_token_id=eos_token_id,

@@ -191,7 +191,8 @@ def convert_llama_to_zpx(
     source_model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype="auto")
     dtype = source_model.dtype
     torch.manual_seed(seed)
-    model = ZPXForCausalLM(config).to(dtype)
+    # arg-type: transformers wraps `PreTrainedModel.to` in `functools.wraps`, which mypy does not bind to the instance
+    model = ZPXForCausalLM(config).to(dtype)  # type: ignore[arg-type]
     state = source_model.state_dict()
     missing, unexpected = model.load_state_dict(state, strict=False)
     added = {key for key in missing if ".phase_encoder." in key or "lambda_" in key or key.endswith("o_proj.bias")}

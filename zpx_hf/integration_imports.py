@@ -20,7 +20,7 @@ from typing import Any
 class _LoaderThenCallback(importlib.abc.Loader):
     """The package's own loader; once the module has executed, the callback runs."""
 
-    def __init__(self, loader: Any, callback: Callable[[], None]) -> None:
+    def __init__(self, loader: Any, callback: Callable[[], object]) -> None:
         self._loader = loader
         self._callback = callback
 
@@ -38,7 +38,7 @@ class _LoaderThenCallback(importlib.abc.Loader):
 class _AfterImportFinder(importlib.abc.MetaPathFinder):
     def __init__(self, name: str) -> None:
         self.name = name
-        self.callbacks: list[Callable[[], None]] = []
+        self.callbacks: list[Callable[[], object]] = []
         self._resolving = False
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
@@ -61,7 +61,7 @@ class _AfterImportFinder(importlib.abc.MetaPathFinder):
             callback()
 
 
-def after_import(name: str, callback: Callable[[], None]) -> None:
+def after_import(name: str, callback: Callable[[], object]) -> None:
     """Call `callback()` once top-level package `name` is imported: now if it is, else after its import."""
     if name in sys.modules:  # imported (or blocked: `sys.modules[name] = None` makes importing it fail)
         if sys.modules[name] is not None:

@@ -30,7 +30,8 @@ model-type tables:
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -72,9 +73,11 @@ def family_targets(model_type: str, llama_targets: list[str]) -> list[str] | Non
     return None
 
 
-LORA_TARGET_MODULES = {
-    ZPXConfig.model_type: family_targets(ZPXConfig.model_type, ["q_proj", "v_proj"]),
-    PCTConfig.model_type: family_targets(PCTConfig.model_type, ["q_proj", "v_proj"]),
+# LoRA's default targets per family: PEFT's Llama default (q_proj, v_proj) as `register` writes it into PEFT's table
+# (`family_targets`; tests/test_peft_methods.py checks that the two agree)
+LORA_TARGET_MODULES: dict[str, list[str]] = {
+    ZPXConfig.model_type: ["q_proj", "v_proj"],
+    PCTConfig.model_type: ["q_proj.real", "q_proj.imag", "v_proj.real", "v_proj.imag"],
     VersorConfig.model_type: ["q_proj", "v_proj"],  # VersorLinear, through VersorLoraLinear
 }
 _INIT_OPTIONS = (True, False, "gaussian")
@@ -118,8 +121,20 @@ class VersorLoraLinear(nn.Module, LoraLayer):
         self._active_adapter = adapter_name
         self.update_layer(adapter_name, r, lora_alpha=lora_alpha, config=config, **kwargs)
 
+    in_features: int  # of the base VersorLinear (PEFT's layers may have none)
+    out_features: int
+
     def _get_in_out_features(self, module: nn.Module) -> tuple[int, int]:
+        if not isinstance(module, VersorLinear):
+            raise TypeError(f"VersorLoraLinear adapts a VersorLinear, not {type(module).__name__}.")
         return module.in_channels, module.out_channels
+
+    def _factors(self, adapter: str) -> tuple[VersorLinear, VersorLinear]:
+        """(A, B) of `adapter`, the VersorLinears `update_layer` puts into `lora_A` / `lora_B`."""
+        return cast(VersorLinear, self.lora_A[adapter]), cast(VersorLinear, self.lora_B[adapter])
+
+    def _base_weight(self) -> nn.Parameter:
+        return cast(VersorLinear, self.get_base_layer()).weight
 
     def update_layer(self, adapter_name: str, r: int, lora_alpha: float, config: LoraConfig, **kwargs: Any) -> None:
         if r <= 0:
@@ -158,7 +173,7 @@ class VersorLoraLinear(nn.Module, LoraLayer):
 
     @torch.no_grad()
     def _init_adapter(self, adapter_name: str, init: bool | str) -> None:
-        a, b = self.lora_A[adapter_name].weight, self.lora_B[adapter_name].weight  # [6, r, in], [6, out, r]
+        a, b = (factor.weight for factor in self._factors(adapter_name))  # [6, r, in], [6, out, r]
         # per grade as nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
         if init == "gaussian":
             a.normal_(0.0, 1.0 / self.r[adapter_name])
@@ -171,15 +186,15 @@ class VersorLoraLinear(nn.Module, LoraLayer):
 
     def get_delta_weight(self, adapter: str) -> torch.Tensor:
         """dW [6, out, in] = scaling * B[g] @ A[g] per grade."""
-        a, b = self.lora_A[adapter].weight, self.lora_B[adapter].weight
-        return torch.matmul(b, a) * self.scaling[adapter]
+        a, b = self._factors(adapter)
+        return torch.matmul(b.weight, a.weight) * self.scaling[adapter]
 
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
         """Add the active (or the named) adapters' dW to the base weight; `safe_merge` checks it is finite first."""
         for name in check_adapters_to_merge(self, adapter_names):
             if name not in self.lora_A:
                 continue
-            weight = self.get_base_layer().weight
+            weight = self._base_weight()
             merged = weight.data + self.get_delta_weight(name).to(weight.dtype)
             if safe_merge and not torch.isfinite(merged).all():
                 raise ValueError(f"NaNs detected in the merged weights. The adapter {name} seems to be broken")
@@ -190,7 +205,7 @@ class VersorLoraLinear(nn.Module, LoraLayer):
         """Subtract every merged adapter's dW from the base weight again."""
         while self.merged_adapters:
             name = self.merged_adapters.pop()
-            weight = self.get_base_layer().weight
+            weight = self._base_weight()
             weight.data -= self.get_delta_weight(name).to(weight.dtype)
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -210,7 +225,7 @@ class VersorLoraLinear(nn.Module, LoraLayer):
         for name in self.active_adapters:
             if name not in self.lora_A:
                 continue
-            lora_A, lora_B = self.lora_A[name], self.lora_B[name]
+            lora_A, lora_B = self._factors(name)
             h = self._cast_input_dtype(x, lora_A.weight.dtype)
             result = result + lora_B(lora_A(self.lora_dropout[name](h))) * self.scaling[name]
         return result.to(result_dtype)
@@ -234,11 +249,21 @@ def _register_versor_lora(peft_config: Any) -> None:
         peft_config._register_custom_module({VersorLinear: VersorLoraLinear})
 
 
+_WRAPPED = "_zpx_hf_versor"  # marks a PEFT method replaced here: registering again leaves it
+
+
+def _replace_method(owner: type, name: str, wrapper: Callable[..., Any]) -> None:
+    """`owner.name = wrapper`, with the original's docstring, marked as wrapped."""
+    wrapper.__doc__ = getattr(owner, name).__doc__
+    setattr(wrapper, _WRAPPED, True)
+    setattr(owner, name, wrapper)
+
+
 def _wrap_prepare_adapter_config() -> None:
     """LoraModel resolves a config against the model's type here (default targets); register VersorLoraLinear
     on the config at the same point for Versor model types. Idempotent."""
     original = LoraModel._prepare_adapter_config
-    if getattr(original, "_zpx_hf_versor", False):
+    if getattr(original, _WRAPPED, False):
         return
 
     def _prepare_adapter_config(self: LoraModel, peft_config: Any, model_config: dict) -> Any:
@@ -246,9 +271,7 @@ def _wrap_prepare_adapter_config() -> None:
             _register_versor_lora(peft_config)
         return original(self, peft_config, model_config)
 
-    _prepare_adapter_config._zpx_hf_versor = True
-    _prepare_adapter_config.__doc__ = original.__doc__
-    LoraModel._prepare_adapter_config = _prepare_adapter_config
+    _replace_method(LoraModel, "_prepare_adapter_config", _prepare_adapter_config)
 
 
 def _refuse_prefix_tuning(past_key_values: Any) -> Any:
@@ -262,7 +285,7 @@ def _refuse_prefix_tuning(past_key_values: Any) -> Any:
 def versor_projection_names(model: nn.Module) -> set[str]:
     """Every projection inside a decoder layer (`VersorLinear` and RRA's `nn.Linear` bivector_proj), by full name:
     what `target_modules="all-linear"` means for Versor (heads and embeddings excluded, as PEFT does)."""
-    names = set()
+    names: set[str] = set()
     for prefix, module in model.named_modules():
         if type(module).__name__ == "VersorDecoderLayer":
             names.update(
@@ -292,7 +315,7 @@ def _check_versor_targets(tuner: Any, peft_config: Any, model: nn.Module) -> Non
     if _is_all_linear(targets):
         raise ValueError(f"target_modules='all-linear': {reason}")
     if targets is None:
-        if getattr(tuner, "target_module_mapping", {}).get(model.config.model_type) is None:
+        if getattr(tuner, "target_module_mapping", {}).get(_model_type(model)) is None:
             raise ValueError(f"{method} has no default target_modules for Versor. {reason}")
         return
     hit = [
@@ -304,8 +327,12 @@ def _check_versor_targets(tuner: Any, peft_config: Any, model: nn.Module) -> Non
         raise ValueError(f"target_modules match {hit[0]}: {reason}")
 
 
+def _model_type(model: nn.Module) -> str | None:
+    return getattr(getattr(model, "config", None), "model_type", None)
+
+
 def _is_versor(model: nn.Module) -> bool:
-    return getattr(getattr(model, "config", None), "model_type", None) in VERSOR_MODEL_TYPES
+    return _model_type(model) in VERSOR_MODEL_TYPES
 
 
 def _wrap_tuner_entry_points() -> None:
@@ -314,7 +341,7 @@ def _wrap_tuner_entry_points() -> None:
     their targets in a pre-injection hook) and `BaseTuner.inject_adapter` (`add_adapter`, `load_adapter`).
     Idempotent."""
     init, inject = BaseTuner.__init__, BaseTuner.inject_adapter
-    if getattr(inject, "_zpx_hf_versor", False):
+    if getattr(inject, _WRAPPED, False):
         return
 
     def __init__(self: BaseTuner, model: nn.Module, peft_config: Any, adapter_name: str, *args: Any, **kw: Any) -> None:
@@ -328,10 +355,8 @@ def _wrap_tuner_entry_points() -> None:
             _check_versor_targets(self, self.peft_config[adapter_name], model)
         return inject(self, model, adapter_name, *args, **kw)
 
-    for wrapper, original in ((__init__, init), (inject_adapter, inject)):
-        wrapper._zpx_hf_versor = True
-        wrapper.__doc__ = original.__doc__
-    BaseTuner.__init__, BaseTuner.inject_adapter = __init__, inject_adapter
+    _replace_method(BaseTuner, "__init__", __init__)
+    _replace_method(BaseTuner, "inject_adapter", inject_adapter)
 
 
 def peft_default_mappings() -> dict[str, dict]:

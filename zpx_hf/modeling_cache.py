@@ -43,16 +43,18 @@ class GrowingRows:
             return torch.cat((cached, new), dim=-2)
         length = 0 if cached is None else cached.shape[-2]
         total = length + new.shape[-2]
-        if not self._extends(cached, length, new, total):
-            self._reallocate(cached, length, new, total)
-        self.buffer[..., length:total, :].copy_(new)
-        self.written = total
-        return self.buffer[..., :total, :]
-
-    def _extends(self, cached: torch.Tensor | None, length: int, new: torch.Tensor, total: int) -> bool:
-        """Whether `cached` is the last view returned (rows past it are unused) and `new` fits after it."""
         buffer = self.buffer
-        if buffer is None or total > buffer.shape[-2] or length != self.written:
+        if buffer is None or not self._extends(buffer, cached, length, new, total):
+            buffer = self._reallocate(cached, length, new, total)
+        buffer[..., length:total, :].copy_(new)
+        self.written = total
+        return buffer[..., :total, :]
+
+    def _extends(
+        self, buffer: torch.Tensor, cached: torch.Tensor | None, length: int, new: torch.Tensor, total: int
+    ) -> bool:
+        """Whether `cached` is the last view returned of `buffer` (rows past it are unused) and `new` fits after it."""
+        if total > buffer.shape[-2] or length != self.written:
             return False
         if buffer.is_inference() and not torch.is_inference_mode_enabled():
             return False  # filled under `torch.inference_mode`: not writable outside it
@@ -66,12 +68,13 @@ class GrowingRows:
             and cached.shape[:-2] == buffer.shape[:-2]
         )
 
-    def _reallocate(self, cached: torch.Tensor | None, length: int, new: torch.Tensor, total: int) -> None:
+    def _reallocate(self, cached: torch.Tensor | None, length: int, new: torch.Tensor, total: int) -> torch.Tensor:
         capacity = total + max(total // 4, MIN_SPARE_ROWS)
         buffer = new.new_empty((*new.shape[:-2], capacity, new.shape[-1]))
-        if length:
+        if cached is not None and length:
             buffer[..., :length, :].copy_(cached)
         self.buffer = buffer
+        return buffer
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -126,11 +126,12 @@ def _scalar_sdpa(
     signed_key = key.to(dtype) * form_tables(query.device)[1][0].to(dtype).repeat(key.shape[-1] // NUM_BLADES)
     q, v = query.to(dtype), value.to(dtype)
     gqa = query.shape[1] != key.shape[1]  # grouped keys: SDPA's grouped mode, never repeated here
-    if key_padding_mask is None and document_ids is None and (not causal or q_len == k_len or q_len == 1):
+    sdpa_causal = key_padding_mask is None and document_ids is None and (not causal or q_len in (k_len, 1))
+    visible = None if sdpa_causal else visible_keys(q_len, k_len, causal, key_padding_mask, query.device, document_ids)
+    if visible is None:  # SDPA's own causal mask is the right one, or every key is visible (no query rows)
         return F.scaled_dot_product_attention(
             q, signed_key, v, is_causal=causal and q_len > 1, scale=scaling, enable_gqa=gqa
         )
-    visible = visible_keys(q_len, k_len, causal, key_padding_mask, query.device, document_ids)
     has_key = visible.any(-1, keepdim=True)  # empty rows: opened for SDPA, then zeroed
     out = F.scaled_dot_product_attention(q, signed_key, v, attn_mask=visible | ~has_key, scale=scaling, enable_gqa=gqa)
     return out * has_key
@@ -164,13 +165,14 @@ def geometric_product_attention(
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     if document_ids is not None:
         document_ids = document_ids.to(query.device)
-    masks = {"causal": bool(causal), "key_padding_mask": key_padding_mask, "document_ids": document_ids}
+    causal, bivector = bool(causal), bool(bivector)
+    masks = {"key_padding_mask": key_padding_mask, "document_ids": document_ids}
     with torch.autocast(query.device.type, enabled=False):
         if name == "scalar_sdpa":  # the scalar score alone: no gamma, no norm (so no eps)
-            out = _scalar_sdpa(query, key, value, **masks, scaling=scaling)
+            out = _scalar_sdpa(query, key, value, causal=causal, **masks, scaling=scaling)
         else:
             out = _KERNEL_FUNCTIONS[name](
-                query, key, value, gamma, **masks, scaling=scaling, eps=float(eps), bivector=bool(bivector)
+                query, key, value, gamma, causal=causal, **masks, scaling=scaling, eps=float(eps), bivector=bivector
             )
     return out.to(query.dtype)
 

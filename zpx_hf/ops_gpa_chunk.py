@@ -140,7 +140,7 @@ def _scores(products: torch.Tensor, gamma: torch.Tensor, root_eps: torch.Tensor 
 
 class _GPAChunkedFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, query, key, value, gamma, causal, key_padding_mask, document_ids, scaling, eps, bivector):  # type: ignore[override]
+    def forward(ctx, query, key, value, gamma, causal, key_padding_mask, document_ids, scaling, eps, bivector):
         batch, heads, q_len, dim = query.shape
         plan = _Plan(query, key, gamma, causal, key_padding_mask, document_ids, scaling, eps, bivector)
         out = torch.zeros_like(query)
@@ -172,7 +172,7 @@ class _GPAChunkedFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):  # type: ignore[override]
+    def backward(ctx, grad_out):
         query, key, value, gamma, out, lse = ctx.saved_tensors
         causal, key_padding_mask, document_ids, scaling, eps, bivector = ctx.settings
         batch, heads, q_len, dim = query.shape

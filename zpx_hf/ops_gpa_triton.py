@@ -195,7 +195,7 @@ if HAS_TRITON:
         dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         lo, hi = query_tile_range(pid_n, q_len, k_len, q_offset, batch * k_len, DOC_FIRST, DOC_END,
                                   IS_CAUSAL, HAS_DOCS, BLOCK_M, BLOCK_N)  # fmt: skip
-        for g in range(0, group):
+        for g in range(group):
             bh = kv * group + g  # (batch, query head), row-major
             gamma = tl.load(GAMMA + bh % num_heads).to(tl.float32)
             q_base = Q + bh * q_len * dim
@@ -296,7 +296,7 @@ def _block_sizes(dim: int, device: torch.device) -> tuple[int, int, int, int]:
 
 class _GPATritonFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, query, key, value, gamma, causal, key_valid, documents, scaling, eps, bivector):  # type: ignore[override]
+    def forward(ctx, query, key, value, gamma, causal, key_valid, documents, scaling, eps, bivector):
         batch, heads, q_len, dim = query.shape
         k_len = key.shape[2]
         q, k, v = query.contiguous(), key.contiguous(), value.contiguous()
@@ -322,7 +322,7 @@ class _GPATritonFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):  # type: ignore[override]
+    def backward(ctx, grad_out):
         q, k, v, gamma, out, lse, valid, docs = ctx.saved_tensors
         flags, scaling, eps, bivector = ctx.settings
         batch, heads, q_len, dim = q.shape

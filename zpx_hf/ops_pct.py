@@ -53,7 +53,7 @@ def resolve_kernel(kernel: str, query: torch.Tensor) -> str:
 
 
 @constant_tables
-def _number_per_head(number: float, num_heads: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _number_per_head(number: int | float, num_heads: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A Python tau or bias as a [H] tensor (the default dtype, raised to float32 at least), kept per value."""
     value = torch.as_tensor(number, dtype=dtype if isinstance(number, float) else None, device=device)
     return value.to(torch.promote_types(value.dtype, torch.float32)).reshape(1).expand(num_heads)

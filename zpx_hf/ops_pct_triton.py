@@ -127,7 +127,7 @@ if HAS_TRITON:
         # query tiles above the diagonal (causal) or of other documents only (packed) see none of these keys
         lo, hi = query_tile_range(pid_n, L_Q, L_K, OFFSET, b * s_doc, DOC_FIRST, DOC_END, CAUSAL, HAS_DOC,
                                   BLOCK_M, BLOCK_N)  # fmt: skip
-        for g in range(0, GROUP):
+        for g in range(GROUP):
             h = kh * GROUP + g
             tau = tl.load(TAU + h)
             bias = tl.load(BIAS + h)
@@ -284,7 +284,7 @@ if HAS_TRITON:
                 *common,
                 dtau_part.stride(0),
                 *sizes,
-                **meta,  # fmt: skip
+                **meta,
             )
             dtau = dtau_part.view(batch, heads, n_part).sum(dim=(0, 2))
             dbias = dbias_part.view(batch, heads, n_part).sum(dim=(0, 2))

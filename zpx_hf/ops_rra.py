@@ -41,6 +41,9 @@ return; passing it back as `initial` continues the sequence exactly as one unint
 
 from __future__ import annotations
 
+from functools import partial
+from typing import overload
+
 import torch
 
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, from_matrix
@@ -109,6 +112,10 @@ def check_rra_inputs(
         )
 
 
+@overload
+def _cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor: ...
+@overload
+def _cast(x: None, dtype: torch.dtype) -> None: ...
 def _cast(x: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     return x if x is None or x.dtype == dtype else x.to(dtype)
 
@@ -143,13 +150,19 @@ def recursive_rotor_accumulator(
         return value.clone(), state.to(dtype)
     if document_ids is not None and document_ids.device != bivectors.device:
         document_ids = document_ids.to(bivectors.device)
-    fn, inputs = _KERNEL_FUNCTIONS[name], (_cast(bivectors, dtype), _cast(value, dtype))
-    options = {"accumulate": accumulate, "initial": _cast(initial, dtype), "document_ids": document_ids}
+    fn = partial(
+        _KERNEL_FUNCTIONS[name],
+        _cast(bivectors, dtype),
+        _cast(value, dtype),
+        accumulate=accumulate,
+        initial=_cast(initial, dtype),
+        document_ids=document_ids,
+    )
     if torch.is_autocast_enabled(bivectors.device.type):
         with torch.autocast(device_type=bivectors.device.type, enabled=False):
-            out, state = fn(*inputs, **options)
+            out, state = fn()
     else:  # decode runs one token per layer: no context manager when there is nothing to turn off
-        out, state = fn(*inputs, **options)
+        out, state = fn()
     return _cast(out, value.dtype), state
 
 

@@ -157,14 +157,15 @@ def rra_decode(
         out, state = rra_step(bivectors.select(1, 0), value.select(1, 0), accumulate, initial)
         return out.unsqueeze(1), state
     restarts = document_restarts(document_ids)
-    state = initial
-    outputs = []
+    steps, values = bivectors.unbind(1), value.unbind(1)
+    out, state = rra_step(steps[0], values[0], accumulate, initial)  # the first token continues `initial`
+    outputs = [out]
     one = torch.zeros(NUM_BLADES, device=value.device, dtype=value.dtype)
     one[0] = 1.0
-    for t, (step, v) in enumerate(zip(bivectors.unbind(1), value.unbind(1))):
-        if restarts is not None and t > 0:
+    for t in range(1, len(steps)):
+        if restarts is not None:
             state = torch.where(restarts[:, t, None, None], one, state)
-        out, state = rra_step(step, v, accumulate, state)
+        out, state = rra_step(steps[t], values[t], accumulate, state)
         outputs.append(out)
     return torch.stack(outputs, dim=1), state
 

@@ -70,7 +70,7 @@ def prefix_scan(x: torch.Tensor, product, first: torch.Tensor | None = None) -> 
 
 def suffix_sum(x: torch.Tensor, first: torch.Tensor | None, last: torch.Tensor | None) -> torch.Tensor:
     """S_t = sum_{s >= t} x_s along the last axis, within t's segment when `first`/`last` are given."""
-    if first is None:
+    if first is None or last is None:  # one segment (`segment_bounds` gives both or neither)
         return x.flip(-1).cumsum(-1).flip(-1)
     length = x.shape[-1]
     reversed_first = (length - 1 - last).flip(-1)  # segment starts of the reversed sequence
@@ -94,7 +94,7 @@ class _Spin4Scan(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, steps, first, last):  # type: ignore[override]
+    def forward(ctx, steps, first, last):
         prefix = prefix_scan(steps, quaternion_product_soa, first)
         prefix = prefix / prefix.square().sum(0, keepdim=True).sqrt()
         ctx.save_for_backward(prefix)
@@ -102,7 +102,7 @@ class _Spin4Scan(torch.autograd.Function):
         return prefix
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         (prefix,) = ctx.saved_tensors
         first, last = ctx.segments
         suffix = suffix_sum(quaternion_product_soa(grad, _conjugate(prefix)), first, last)

@@ -155,7 +155,7 @@ def _scan_block(device: torch.device) -> int:
 
 class _RotorScanTriton(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, rotors, initial, restarts, renorm_every):  # type: ignore[override]
+    def forward(ctx, rotors, initial, restarts, renorm_every):
         rotors = rotors.contiguous()
         initial = initial.contiguous()
         num_seq, length = rotors.shape[:2]
@@ -171,7 +171,7 @@ class _RotorScanTriton(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         rotors, initial, out, flags = ctx.saved_tensors
         num_seq, length = rotors.shape[:2]
         grad_rotors = torch.empty_like(rotors)

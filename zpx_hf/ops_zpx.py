@@ -119,7 +119,8 @@ def phase_constants(
     """(1/R, 1, 1/2), (R, pi, pi/2), (0, 0, pi/2) of `phase_from_stacked`, shaped [3] + [1] * trailing."""
     shape = (3,) + (1,) * trailing
     rows = ((1.0 / max_log_radius, 1.0, 0.5), (max_log_radius, math.pi, math.pi / 2), (0.0, 0.0, math.pi / 2))
-    return tuple(torch.tensor(row, dtype=dtype, device=device).view(shape) for row in rows)
+    scale_in, scale_out, shift_out = (torch.tensor(row, dtype=dtype, device=device).view(shape) for row in rows)
+    return scale_in, scale_out, shift_out
 
 
 def center_cancellation_loss(

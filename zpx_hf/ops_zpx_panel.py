@@ -79,8 +79,9 @@ class _RecomputedPanels(torch.autograd.Function):
             r0, r1, k0, k1 = block
             with torch.enable_grad():
                 # the slices as leaves: their gradients only, no full-size temporaries per panel
-                pieces = [t.detach().requires_grad_() for t in _slices(query_aug, key_aug, value, block)]
-                output = _panel(*pieces, key_padding_mask, document_ids, block, ctx.sizes, ctx.causal, 0.0)
+                q, k, v = (t.detach().requires_grad_() for t in _slices(query_aug, key_aug, value, block))
+                pieces = (q, k, v)
+                output = _panel(q, k, v, key_padding_mask, document_ids, block, ctx.sizes, ctx.causal, 0.0)
                 parts = torch.autograd.grad(output, pieces, grad_output[:, :, r0:r1])
             for grad, part, (a, b) in zip(grads, parts, ((r0, r1), (k0, k1), (k0, k1))):
                 grad[:, :, a:b] += part
