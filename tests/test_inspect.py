@@ -435,3 +435,14 @@ def test_remote_code_from_outside_the_checkpoint_is_refused(copied_run, tmp_path
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not name a module in the checkpoint folder" in err, err
     assert not ran.exists()
+
+
+def test_remote_code_whose_model_entry_is_not_a_model_class_is_refused(copied_run, capsys):
+    """auto_map's AutoModelForCausalLM naming a class of the folder that is no transformers model (here the config)
+    stops in one line instead of failing later on what that class returns."""
+    config = json.loads((copied_run / "config.json").read_text())
+    config["auto_map"]["AutoModelForCausalLM"] = "configuration_zpx.ZPXConfig"
+    (copied_run / "config.json").write_text(json.dumps(config))
+    assert main([str(copied_run), "--trust-remote-code"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ZPXConfig is not a transformers model class" in err, err

@@ -85,7 +85,9 @@ class RunConfig:
 
         parts: dict[str, Any] = {name: values for name, values in self.mappings.items()}
         for cls, obj in self.args.items():
-            if cls is TrainingArguments or cls is RunArguments or cls in exclude or not is_dataclass(obj):
+            if cls is TrainingArguments or cls is RunArguments or cls in exclude:
+                continue
+            if not is_dataclass(obj) or isinstance(obj, type):  # a parsed section: a dataclass instance
                 continue
             parts[cls.__name__] = asdict(obj)
         if self.model_config is not None:
@@ -139,7 +141,7 @@ _YamlLoader.add_implicit_resolver(
 )
 
 
-def check_regular_file(path: str | os.PathLike, where: str) -> os.stat_result:
+def check_regular_file(path: str | os.PathLike[str], where: str) -> os.stat_result:
     """`os.stat` of a regular file; `ConfigError` for a missing path, a folder or a FIFO, socket or device
     (reading one blocks forever or never ends). Every file the jobs read as input passes here first."""
     try:
@@ -218,7 +220,7 @@ def config_init_keys(config_class: type) -> set[str]:
 
     keys: set[str] = set()
     for cls in config_class.__mro__:
-        if isinstance(cls, type) and issubclass(cls, PretrainedConfig) and "__init__" in cls.__dict__:
+        if issubclass(cls, PretrainedConfig) and "__init__" in cls.__dict__:
             for name, param in inspect.signature(cls.__init__).parameters.items():
                 if name != "self" and param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
                     keys.add(name)
@@ -258,7 +260,7 @@ def read_yaml(path: str) -> dict[str, Any]:
             f"{path}: not UTF-8 (byte 0x{data[error.start]:02x} at offset {error.start}); re-save it as UTF-8."
         ) from None
     try:
-        raw = yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
+        raw = yaml.load(text, Loader=_YamlLoader)  # safe: a SafeLoader subclass
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line = f", line {mark.line + 1}" if mark is not None else ""
@@ -287,6 +289,7 @@ def parse_config_file(
     dataclass, and each name in `mappings` is a free mapping returned as a dict (validated by the caller).
     """
     from transformers import HfArgumentParser, TrainingArguments
+    from transformers.hf_argparser import DataClassType
 
     from .distributed import configure_launch
 
@@ -320,7 +323,7 @@ def parse_config_file(
             raise _FlagError(message)
 
     configure_launch()
-    parser = FlagParser([*tops, *sections.values()])
+    parser = FlagParser([DataClassType(cls) for cls in (*tops, *sections.values())])
     parser.set_defaults(**flat)
     try:
         parsed = parser.parse_args_into_dataclasses(args=list(cli_args))
@@ -512,12 +515,12 @@ def init_from_folder(path: str, init_from: Any, model_type: str) -> str:
 def check_positions(path: str, config: Any, seq_len: int | None) -> None:
     """`data.seq_len` must fit the model's positions unless the config allows longer ones."""
     max_positions = getattr(config, "max_position_embeddings", None)
-    if seq_len and isinstance(max_positions, int) and seq_len > max_positions:
-        if not getattr(config, "allow_longer_positions", False):
-            raise ConfigError(
-                f"{path}: key `data.seq_len` = {seq_len} exceeds the model's max_position_embeddings = "
-                f"{max_positions}; lower seq_len or raise max_position_embeddings."
-            )
+    allowed = getattr(config, "allow_longer_positions", False)
+    if seq_len and isinstance(max_positions, int) and seq_len > max_positions and not allowed:
+        raise ConfigError(
+            f"{path}: key `data.seq_len` = {seq_len} exceeds the model's max_position_embeddings = "
+            f"{max_positions}; lower seq_len or raise max_position_embeddings."
+        )
 
 
 __all__ = [

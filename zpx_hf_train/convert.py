@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from zpx_hf.conversion_llama import ConversionError, convert_llama_to_zpx
 
@@ -22,7 +23,7 @@ PROG = "zpx-convert"
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints the usage too)
+    def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints the usage too)
         print(f"{PROG}: usage error: {message}; see {PROG} --help.", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
 

@@ -146,12 +146,12 @@ def validate_data_args(path: str, data: DataArguments) -> None:
         raise ConfigError(
             f"{path}: key `data.train_examples_per_task` is 0 and `data.text_source` is 'none': nothing to train on."
         )
-    if data.task_train_examples is not None:
-        if len(data.task_train_examples) != len(data.tasks) or min(data.task_train_examples, default=0) < 0:
-            raise ConfigError(
-                f"{path}: key `data.task_train_examples` = {data.task_train_examples} must give one count >= 0 "
-                f"per task of `data.tasks` {data.tasks}, in that order (or be null: train_examples_per_task each)."
-            )
+    counts = data.task_train_examples
+    if counts is not None and (len(counts) != len(data.tasks) or min(counts, default=0) < 0):
+        raise ConfigError(
+            f"{path}: key `data.task_train_examples` = {counts} must give one count >= 0 "
+            f"per task of `data.tasks` {data.tasks}, in that order (or be null: train_examples_per_task each)."
+        )
     for key, minimum in MINIMUMS.items():
         value = getattr(data, key)
         if value is not None and value < minimum:

@@ -256,7 +256,7 @@ def listops_examples(
         )
     rng = random.Random(f"listops-{split}-{seed}")
     buckets = LISTOPS_SPLITS[split]
-    out = []
+    out: list[dict[str, Any]] = []
     while len(out) < num_examples:
         tokens, value = _listops_tree(rng, 1, max_depth, max_args)
         if not min_length < len(tokens) < max_length:  # LRA's rejection of too short / too long expressions
@@ -274,7 +274,7 @@ TASKS: dict[str, Callable[..., list[dict[str, Any]]]] = {
 }
 
 
-def task_examples(task: str, num_examples: int, seed: int, seq_len: int, **params: Any) -> list[dict[str, Any]]:
+def task_examples(task: str, num_examples: int, seed: int, seq_len: int | None, **params: Any) -> list[dict[str, Any]]:
     """Examples of one task padded to `seq_len`; passkey fills exactly `params.get('length', seq_len)` tokens."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}: expected one of {sorted(TASKS)}.")

@@ -27,9 +27,10 @@ def input_device(model: torch.nn.Module) -> torch.device:
     accelerate's CPU/disk offload the weights wait on the meta device and a hook runs each module on its
     execution device). With an `hf_device_map`, transformers' rule (`Trainer`): the embedding's own accelerator,
     else the map's first accelerator, else the CPU. A module without `get_input_embeddings`: its first parameter's."""
-    if not hasattr(model, "get_input_embeddings"):
+    input_embeddings = getattr(model, "get_input_embeddings", None)
+    if input_embeddings is None:
         return next(model.parameters()).device
-    embeddings = model.get_input_embeddings()
+    embeddings = input_embeddings()
     device_map = getattr(model, "hf_device_map", None)
     if device_map:
         name = next(name for name, module in model.named_modules() if module is embeddings)
@@ -43,8 +44,9 @@ def input_device(model: torch.nn.Module) -> torch.device:
     hooks = [getattr(embeddings, "_hf_hook", None)]
     hooks += list(getattr(hooks[0], "hooks", ()))  # a SequentialHook holds several
     for hook in hooks:
-        if getattr(hook, "execution_device", None) is not None:
-            return torch.device(hook.execution_device)
+        execution_device = getattr(hook, "execution_device", None)
+        if execution_device is not None:
+            return torch.device(execution_device)
     return embeddings.weight.device
 
 

@@ -141,6 +141,8 @@ def load_base(args: FinetuneArguments) -> tuple[Any, Any]:
 
     import zpx_hf  # noqa: F401 - registers the families, so their checkpoints load without remote code
 
+    if args.base_model is None:  # (load_config refuses such a config first)
+        raise ConfigError("key `base_model` is missing: give the checkpoint folder to fine-tune.")
     location, hub_id = base_model_source(args.base_model)
     mismatch = None if hub_id else weights_mismatch(location)
     if mismatch:
@@ -185,10 +187,10 @@ def build_peft_model(model: Any, lora: LoraArguments, base_name: str) -> tuple[A
     peft_config = LoraConfig(
         task_type=TaskType.CAUSAL_LM,
         r=lora.rank,
-        lora_alpha=lora.alpha,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft annotates int; the scale alpha / r takes any number
         lora_dropout=lora.dropout,
         target_modules=targets,
-        bias=lora.bias,
+        bias=lora.bias,  # type: ignore[arg-type]  # load_config checked it is one of peft's three literals
     )
     try:
         peft_model = get_peft_model(model, peft_config)

@@ -28,7 +28,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -50,6 +50,9 @@ from .config import ConfigError
 from .job import weights_mismatch
 from .run_folder import atomic_write, atomic_write_json, link_refused
 
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn
+    from matplotlib.typing import RcKeyType
+
 SAMPLE_TEXT = "The cat sat on the mat. The cat sat on the mat."
 MAX_TOKENS = 64  # beyond this the per-token panels stop being readable
 DPI = 100
@@ -70,7 +73,7 @@ def load_run(run_dir: str | Path, *, trust_remote_code: bool = False, device: st
     By default the installed zpx_hf classes load the weights; `trust_remote_code=True` runs the code
     saved in the folder instead, after `check_auto_map`. Raises `ConfigError` (a ValueError) naming the folder
     when it is not such a checkpoint and naming `device` when there is no such device."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
     path = Path(run_dir)
     if not path.is_dir():
@@ -95,7 +98,7 @@ def load_run(run_dir: str | Path, *, trust_remote_code: bool = False, device: st
         )
     if trust_remote_code:
         check_auto_map(path, auto_map)
-    device = check_device(device)
+    target = check_device(device)
     mismatch = weights_mismatch(path)
     if mismatch:
         raise ConfigError(f"run_dir {str(path)!r} could not be loaded: {mismatch}.")
@@ -107,13 +110,19 @@ def load_run(run_dir: str | Path, *, trust_remote_code: bool = False, device: st
             from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
             model_class = get_class_from_dynamic_module(auto_map["AutoModelForCausalLM"], str(path))
+            if not issubclass(model_class, PreTrainedModel):
+                raise ConfigError(
+                    f"run_dir {str(path)!r}: auto_map's AutoModelForCausalLM {model_class.__name__} is not a "
+                    "transformers model class; load it without trust_remote_code."
+                )
             model = model_class.from_pretrained(path, attn_implementation="eager")
         else:
             model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
     except (OSError, ValueError, SafetensorError) as error:  # missing or truncated files, wrong shapes
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ConfigError(f"run_dir {str(path)!r} could not be loaded: {first_line}") from None
-    return model.to(device).eval(), tokenizer
+    # arg-type: transformers wraps `PreTrainedModel.to` in `functools.wraps`, which mypy does not bind to the instance
+    return model.to(target).eval(), tokenizer  # type: ignore[arg-type]
 
 
 _SAME_FOLDER_CLASS = re.compile(r"^[A-Za-z_]\w*\.[A-Za-z_]\w*$")  # module.Class, the module beside config.json
@@ -223,7 +232,7 @@ def pct_parameters(model: Any) -> dict[str, Any]:
 
 def versor_mixer_inputs(model: Any, input_ids: torch.Tensor) -> list[torch.Tensor]:
     """Per layer, the normed hidden states its mixer receives (first positional argument), captured by a pre-hook."""
-    captured: list[torch.Tensor | None] = [None] * len(model.model.layers)
+    captured: dict[int, torch.Tensor] = {}
 
     def hook_for(index: int) -> Callable:
         def hook(module: torch.nn.Module, args: tuple) -> None:
@@ -238,7 +247,7 @@ def versor_mixer_inputs(model: Any, input_ids: torch.Tensor) -> list[torch.Tenso
     finally:
         for handle in handles:
             handle.remove()
-    return captured
+    return [captured[index] for index in range(len(model.model.layers))]  # every mixer ran once
 
 
 def vector_representation(rotors: torch.Tensor) -> torch.Tensor:
@@ -325,7 +334,7 @@ def gpa_score_data(model: Any, mixer_inputs: Sequence[torch.Tensor]) -> list[tup
 # Figures (matplotlib Figure objects, no pyplot state)
 # --------------------------------------------------------------------------------------------------
 
-STYLE = {
+STYLE: dict[RcKeyType, Any] = {
     "font.size": 8,
     "axes.titlesize": 8,
     "axes.labelsize": 8,
@@ -355,6 +364,20 @@ def _token_ticks(ax: Any, labels: Sequence[str]) -> None:
     ax.set_yticks(ticks, shown, fontsize=6)
 
 
+def _colour_scale(norm: Any, cmap: str) -> Any:
+    """The colour bar's scale: the norm and colour map every panel's artist uses (any panel's artist would do)."""
+    from matplotlib.cm import ScalarMappable
+
+    return ScalarMappable(norm=norm, cmap=cmap)
+
+
+def _positions_norm(length: int) -> Any:
+    """Token positions 0 .. L-1 onto the colour map (what a scatter of them scales to by itself)."""
+    from matplotlib.colors import Normalize
+
+    return Normalize(vmin=0, vmax=length - 1)
+
+
 def circle_figure(data: dict[str, np.ndarray]) -> Any:
     """Grid layer x head: r e^{i phi} of every token and channel (colour = position), the unit circle and
     the per-channel centres of mass. Artists: gid "tokens" (points flattened token-major) and "center"."""
@@ -362,14 +385,16 @@ def circle_figure(data: dict[str, np.ndarray]) -> Any:
     layers, length, heads, channels = points.shape[:4]
     fig = _figure(2.6 * heads + 0.9, 2.8 * layers + 1.0)
     axes = fig.subplots(layers, heads, squeeze=False)
-    positions = np.repeat(np.arange(length), channels)
+    positions, norm = np.repeat(np.arange(length), channels), _positions_norm(length)
     circle = np.linspace(0, 2 * np.pi, 200)
     for layer in range(layers):
         for head in range(heads):
             ax = axes[layer, head]
             xy = points[layer, :, head].reshape(-1, 2)
             ax.plot(np.cos(circle), np.sin(circle), color="0.55", lw=0.8, ls="--", label="unit circle r = 1")
-            tokens = ax.scatter(xy[:, 0], xy[:, 1], c=positions, cmap="viridis", s=7, label=f"token phase {PHASE}")
+            tokens = ax.scatter(
+                xy[:, 0], xy[:, 1], c=positions, cmap="viridis", norm=norm, s=7, label=f"token phase {PHASE}"
+            )
             tokens.set_gid("tokens")
             com = ax.scatter(*center[layer, head].T, marker="x", color="red", s=36, label="centre of mass per channel")
             com.set_gid("center")
@@ -383,7 +408,7 @@ def circle_figure(data: dict[str, np.ndarray]) -> Any:
                 ax.set_xlabel(r"$r\cos\varphi$")
             if head == 0:
                 ax.set_ylabel(r"$r\sin\varphi$")
-    fig.colorbar(tokens, ax=axes, shrink=0.6, label="token position")
+    fig.colorbar(_colour_scale(norm, "viridis"), ax=axes, shrink=0.6, label="token position")
     handles, names = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, names, loc="outside lower center", ncol=3)
     fig.suptitle(f"ZPX phases {PHASE}: {length} tokens x {channels} channels per head")
@@ -395,7 +420,7 @@ def sphere_figure(sphere: np.ndarray) -> Any:
     Artist: gid "tokens" (a 3-D scatter of the points flattened token-major)."""
     layers, length, heads, channels = sphere.shape[:4]
     fig = _figure(2.6 * heads + 0.9, 2.6 * layers + 0.8)
-    positions = np.repeat(np.arange(length), channels)
+    positions, norm = np.repeat(np.arange(length), channels), _positions_norm(length)
     angle = np.linspace(0, 2 * np.pi, 120)
     for layer in range(layers):
         for head in range(heads):
@@ -405,7 +430,7 @@ def sphere_figure(sphere: np.ndarray) -> Any:
                 ax.plot(np.cos(meridian) * np.sin(angle), np.sin(meridian) * np.sin(angle), np.cos(angle),
                         color="0.75", lw=0.6, ls=":")  # fmt: skip
             xyz = sphere[layer, :, head].reshape(-1, 3)
-            tokens = ax.scatter(*xyz.T, c=positions, cmap="viridis", s=6, depthshade=False)
+            tokens = ax.scatter(*xyz.T, c=positions, cmap="viridis", norm=norm, s=6, depthshade=False)
             tokens.set_gid("tokens")
             ax.text(0, 0, 1.12, r"N: $r\to\infty$", ha="center", fontsize=7)
             ax.text(0, 0, -1.25, "S: r = 0", ha="center", fontsize=7)
@@ -413,7 +438,7 @@ def sphere_figure(sphere: np.ndarray) -> Any:
             ax.view_init(elev=20, azim=-60)
             ax.set_axis_off()
             ax.set_title(f"layer {layer} head {head}")
-    fig.colorbar(tokens, ax=fig.axes, shrink=0.6, label="token position")
+    fig.colorbar(_colour_scale(norm, "viridis"), ax=fig.axes, shrink=0.6, label="token position")
     fig.suptitle(
         r"ZPX Riemann sphere $s = (2x,\ 2y,\ r^2-1)\,/\,(1+r^2)$"
         + "\nsolid circle: equator r = 1 (view from 20° elevation)"
@@ -436,12 +461,12 @@ def map_figure(
     for layer in range(layers):
         for head in range(heads):
             ax = axes[layer, head]
-            image = ax.imshow(maps[layer, head], cmap="magma", norm=norm, interpolation="nearest")
+            ax.imshow(maps[layer, head], cmap="magma", norm=norm, interpolation="nearest")
             ax.set_title(f"layer {layer} head {head}")
             _token_ticks(ax, labels)
             ax.set_xlabel("key j")
             ax.set_ylabel("query i")
-    fig.colorbar(image, ax=axes, shrink=0.6, label=f"{colour_label} (square-root scale)")
+    fig.colorbar(_colour_scale(norm, "magma"), ax=axes, shrink=0.6, label=f"{colour_label} (square-root scale)")
     fig.suptitle(title)
     return fig
 

@@ -102,9 +102,11 @@ def load_checkpoint_weights(model: Any, checkpoint: str) -> None:
         from safetensors.torch import load_file
 
         result = set_peft_model_state_dict(model, load_file(folder / "adapter_model.safetensors"))
-        if result.unexpected_keys:
+        # attr-defined: peft annotates the result as `namedtuple` (the factory); it is load_state_dict's key lists
+        unexpected = result.unexpected_keys  # type: ignore[attr-defined]
+        if unexpected:
             raise ConfigError(
-                f"{folder}: adapter weights the model does not have: {result.unexpected_keys[:5]}; finish this run "
+                f"{folder}: adapter weights the model does not have: {unexpected[:5]}; finish this run "
                 "with the adapter config that wrote it, or train into a new --output_dir"
             )
         return
@@ -112,7 +114,7 @@ def load_checkpoint_weights(model: Any, checkpoint: str) -> None:
     model.load_state_dict(saved.state_dict(), strict=True)
 
 
-def weights_mismatch(folder: str | os.PathLike) -> str | None:
+def weights_mismatch(folder: str | os.PathLike[str]) -> str | None:
     """Where a local checkpoint's safetensors weights disagree with the shapes its `config.json` builds (a weight
     the config makes another shape), or None; read from the file headers and a meta-device model, so a mismatch is
     named in one line before `from_pretrained` logs its table and raises."""
@@ -135,7 +137,7 @@ def weights_mismatch(folder: str | os.PathLike) -> str | None:
     for file in files:
         try:
             with safe_open(file, "pt") as f:
-                shapes = {name: list(f.get_slice(name).get_shape()) for name in f.keys()}
+                shapes = {name: list(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118 - not a dict: no __iter__
         except SafetensorError:
             return None  # a truncated file: from_pretrained reports it
         for name, shape in shapes.items():

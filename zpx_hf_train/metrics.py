@@ -40,8 +40,8 @@ def relative_energy_drift(energy: np.ndarray, reference: np.ndarray) -> float:
     return float(np.mean(np.abs(energy - reference) / np.maximum(np.abs(reference), 1e-12)))
 
 
-def mean_std(values: Iterable[float]) -> tuple[float, float]:
-    """(mean, sample std with ddof=1); NaN values are dropped; an empty input gives (nan, nan)."""
+def mean_std(values: Iterable[float | None]) -> tuple[float, float]:
+    """(mean, sample std with ddof=1); None and NaN values are dropped; an empty input gives (nan, nan)."""
     finite = [float(v) for v in values if v is not None and not math.isnan(float(v))]
     if not finite:
         return float("nan"), float("nan")

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -69,7 +70,7 @@ def link_refused(path: Path, key: str | None = None) -> ConfigError:
     )
 
 
-def atomic_write(path: str | os.PathLike, data: str | bytes) -> None:
+def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> None:
     """Write `data` to `path` through a temporary file in the same folder, fsync, then `os.replace`; a `path` that
     is a symbolic link is refused (`ConfigError`), not replaced or written through."""
     target = Path(path)
@@ -90,7 +91,7 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> None:
     _fsync_dir(target.parent)
 
 
-def atomic_write_json(path: str | os.PathLike, value: Any) -> None:
+def atomic_write_json(path: str | os.PathLike[str], value: Any) -> None:
     atomic_write(path, json.dumps(value, indent=2) + "\n")
 
 
@@ -109,7 +110,7 @@ def publish_folder(staging: Path, target: Path) -> None:
 class FolderLock:
     """An exclusive `flock` on `folder/_zpx.lock` for the life of a job; `ConfigError` if another job holds it."""
 
-    def __init__(self, folder: str | os.PathLike, key: str = "training.output_dir") -> None:
+    def __init__(self, folder: str | os.PathLike[str], key: str = "training.output_dir") -> None:
         self.folder, self.key = Path(folder), key
         self._file: Any = None
         self.created = False
@@ -161,10 +162,8 @@ class FolderLock:
             return
         if self.created and [p.name for p in self.folder.iterdir()] == [LOCK_FILE]:
             (self.folder / LOCK_FILE).unlink(missing_ok=True)
-            try:
+            with contextlib.suppress(OSError):
                 self.folder.rmdir()
-            except OSError:
-                pass
         self._file.close()  # closing the file releases the flock
         self._file = None
 
@@ -183,7 +182,7 @@ class RunIdentity:
         return f"{self.job} run ({family}config {self.config}, fingerprint {self.fingerprint})"
 
 
-def read_marker(folder: str | os.PathLike) -> dict[str, Any] | None:
+def read_marker(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The marker of `folder` as a dict, or None; a marker that is not JSON is refused naming it."""
     path = Path(folder) / RUN_MARKER
     if not path.is_file():
@@ -210,7 +209,7 @@ def identity_of(marker: dict[str, Any] | None) -> RunIdentity | None:
 
 def check_identity(
     ours: RunIdentity,
-    folder: str | os.PathLike,
+    folder: str | os.PathLike[str],
     key: str,
     what: str,
     fix: str = "use a checkpoint of this run, or start over without it",
@@ -260,7 +259,7 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_manifest(folder: str | os.PathLike) -> None:
+def write_manifest(folder: str | os.PathLike[str]) -> None:
     """Record the size and sha256 of every file of a saved checkpoint in `zpx_checkpoint.json` (atomically, after
     the files, so a checkpoint whose save was cut short has none)."""
     place = Path(folder)
@@ -292,7 +291,7 @@ def _manifest_problem(place: Path) -> str | None:
     return None
 
 
-def checkpoint_problem(folder: str | os.PathLike) -> str | None:
+def checkpoint_problem(folder: str | os.PathLike[str]) -> str | None:
     """Why `folder` is not a checkpoint to resume from (None when it is): a missing or truncated trainer state,
     weights (`*.safetensors`), optimizer / scheduler / RNG state (`*.pt`, `*.pth`) or JSON file; a trainer state
     without `global_step`; optimizer state without its scheduler or the reverse; a file whose size or sha256 is
@@ -331,7 +330,7 @@ def checkpoint_problem(folder: str | os.PathLike) -> str | None:
     return _manifest_problem(place)
 
 
-def links_in(folder: str | os.PathLike) -> list[Path]:
+def links_in(folder: str | os.PathLike[str]) -> list[Path]:
     """Symbolic links anywhere under `folder` (a linked folder is listed, not entered)."""
     found = []
     for root, folders, files in os.walk(folder):
@@ -339,7 +338,7 @@ def links_in(folder: str | os.PathLike) -> list[Path]:
     return found
 
 
-def checkpoints(folder: str | os.PathLike) -> list[Path]:
+def checkpoints(folder: str | os.PathLike[str]) -> list[Path]:
     """`checkpoint-N` folders of a run, oldest first."""
     place = Path(folder)
     if not place.is_dir():
@@ -348,7 +347,7 @@ def checkpoints(folder: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def is_model_only(checkpoint: str | os.PathLike) -> bool:
+def is_model_only(checkpoint: str | os.PathLike[str]) -> bool:
     """A checkpoint saved with `save_only_model: true`: no optimizer or scheduler state to resume from."""
     return not any(p.name.startswith(_OPTIMIZER_STATE) for p in Path(checkpoint).iterdir())
 
@@ -439,7 +438,7 @@ class RunFolder:
 
     def __init__(
         self,
-        folder: str | os.PathLike,
+        folder: str | os.PathLike[str],
         identity: RunIdentity,
         *,
         overwrite: bool,
@@ -543,9 +542,9 @@ class RunFolder:
             if getattr(identity_of(read_marker(path.parent)), "fingerprint", None) != recorded.fingerprint
         ]
         if nested:
-            names = ", ".join(str(p.relative_to(self.folder)) for p in nested[:3])
+            listed = ", ".join(str(p.relative_to(self.folder)) for p in nested[:3])
             raise ConfigError(
-                f"key `{self.key}`: {self.folder} holds other runs ({names}); --overwrite_output_dir would delete "
+                f"key `{self.key}`: {self.folder} holds other runs ({listed}); --overwrite_output_dir would delete "
                 "them with it, so choose another folder (or move them out first)."
             )
 
@@ -611,16 +610,18 @@ class RunFolder:
         """After a failure, say what the folder holds now: the replaced run (an overwrite is undone), or this
         run's checkpoints."""
         try:
+            if error is None:
+                return
             note = None
-            if error is not None and self.restore():
+            if self.restore():
                 note = (
                     f"the overwrite is undone: {self.folder} holds the run it held before (this run's files are gone)"
                 )
             # Ctrl-C: the CLI boundary's one line already names the last complete checkpoint
-            elif error is not None and not isinstance(error, (ConfigError, KeyboardInterrupt)) and self.main_process:
+            elif not isinstance(error, (ConfigError, KeyboardInterrupt)) and self.main_process:
                 saved = checkpoints(self.folder)
                 note = f"the checkpoints saved before it in {self.folder} are intact" if saved else None
-            if error is not None and self.main_process and [p.name for p in self._entries()] == [RUN_MARKER]:
+            if self.main_process and [p.name for p in self._entries()] == [RUN_MARKER]:
                 # the job failed before writing anything (e.g. a data file datasets cannot parse): no run is left
                 # behind, and the lock's release removes a folder this job created
                 (self.folder / RUN_MARKER).unlink(missing_ok=True)

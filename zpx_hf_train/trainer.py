@@ -105,7 +105,7 @@ class GeometricTrainer(Trainer):
             super().init_hf_repo(*args, **kwargs)
         except Exception as error:  # network, login or permission: before any training
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            name = self.args.hub_model_id or Path(self.args.output_dir).name
+            name = self.args.hub_model_id or Path(self._get_output_dir(trial=None)).name
             raise ConfigError(
                 f"key `training.push_to_hub`: cannot create the Hub repo {name!r} ({first}); check the network and "
                 "your login (HF_TOKEN or `hf auth login`), or drop --push_to_hub."
@@ -113,9 +113,9 @@ class GeometricTrainer(Trainer):
 
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
         if self.card_text is None:
-            return super().create_model_card(*args, **kwargs)
-        if self.is_world_process_zero():
-            atomic_write(Path(self.args.output_dir, "README.md"), self.card_text)
+            super().create_model_card(*args, **kwargs)
+        elif self.is_world_process_zero():
+            atomic_write(Path(self._get_output_dir(trial=None), "README.md"), self.card_text)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         super()._save_checkpoint(model, trial)
@@ -130,15 +130,18 @@ class GeometricTrainer(Trainer):
         if not self.cpu_fsdp:
             return super()._wrap_model(model, training=training, dataloader=dataloader)
         if self._sharded is None:
+            if self.model is None:  # Trainer's `model_init` builds it later; shard_model has run on `model=`
+                raise ValueError("CPU FSDP shards the model given as `model=`; model_init is not supported with it.")
             self._sharded = _Sharded(self.model, self.accelerator.autocast)
         return self._sharded
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Checkpoints as `Trainer` saves them; the final model (into output_dir) through a staging folder whose
         files then replace the old ones one `os.replace` each."""
-        target = output_dir or self.args.output_dir
-        if os.path.abspath(target) == os.path.abspath(self.args.output_dir):
-            staging = Path(self.args.output_dir, STAGING)
+        run_folder = self._get_output_dir(trial=None)  # args.output_dir (TrainingArguments types it optional)
+        target = output_dir or run_folder
+        if os.path.abspath(target) == os.path.abspath(run_folder):
+            staging = Path(run_folder, STAGING)
             self._save_model_to(str(staging))
             if self.args.should_save:
                 publish_folder(staging, Path(target))
@@ -149,7 +152,8 @@ class GeometricTrainer(Trainer):
 
     def _save_model_to(self, output_dir: str) -> None:
         if not self.cpu_fsdp:
-            return super().save_model(output_dir, _internal_call=True)
+            super().save_model(output_dir, _internal_call=True)
+            return
         state = full_state_dict(self.model)  # a collective: every rank gathers, rank 0 keeps the tensors
         if self.args.should_save:
             gathered = dict(state)  # save_pretrained consumes the dict it is given
@@ -175,8 +179,11 @@ def build_model(model_config: Any, attn_implementation: str | None = None, init_
     if init_from is None:
         return AutoModelForCausalLM.from_config(model_config, **kwargs)
     fix = "drop the model: keys that change the weights"
+    model: Any
+    info: dict[str, list[Any]]
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
+        # misc: from_pretrained's annotation omits the (model, loading info) pair output_loading_info=True returns
+        model, info = AutoModelForCausalLM.from_pretrained(  # type: ignore[misc]
             init_from, config=model_config, dtype=torch.float32, output_loading_info=True, **kwargs
         )
     except RuntimeError as error:  # transformers raises on weights whose shapes differ from the config's
@@ -216,14 +223,14 @@ def build_trainer(
                 "FSDP on CPU saves model-only checkpoints: set `training.save_only_model: true` or "
                 "`training.save_strategy: no`."
             )
-    if training_args.save_only_model and training_args.save_strategy != "no" and not cpu_fsdp_requested():
-        if training_args.process_index == 0:
-            print(
-                "warning: `training.save_only_model: true` saves model-only checkpoints; they hold no optimizer or "
-                "schedule state, so this run cannot be resumed from them.",
-                file=sys.stderr,
-                flush=True,
-            )
+    model_only = training_args.save_only_model and training_args.save_strategy != "no"
+    if model_only and not cpu_fsdp_requested() and training_args.process_index == 0:
+        print(
+            "warning: `training.save_only_model: true` saves model-only checkpoints; they hold no optimizer or "
+            "schedule state, so this run cannot be resumed from them.",
+            file=sys.stderr,
+            flush=True,
+        )
     return GeometricTrainer(
         model=model,
         args=training_args,
