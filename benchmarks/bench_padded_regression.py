@@ -101,7 +101,8 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        return worker(json.loads(args.worker))
+        worker(json.loads(args.worker))
+        return
     for flag, tree in (("--baseline", args.baseline), ("--tree", args.tree)):
         if tree is None or not (tree / "zpx_hf" / "__init__.py").is_file():
             parser.error(f"{flag} must be the root of a zpx-hf checkout (git worktree add DIR REV)")

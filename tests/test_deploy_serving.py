@@ -9,7 +9,7 @@ from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-import zpx_hf  # noqa: F401
+import zpx_hf
 from zpx_hf.configuration_zpx import ENGINE_HEAD_MULTIPLE
 
 RECORDING = "zpx_test_recording_sdpa"

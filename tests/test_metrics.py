@@ -20,7 +20,7 @@ def test_rollout_mse_hand_computed():
     true = np.array([[[0.0, 2.0], [1.0, 4.0]]])
     assert rollout_mse(pred, true) == pytest.approx((1 + 0 + 4 + 0) / 4)
     np.testing.assert_allclose(rollout_mse_per_step(pred, true), [0.5, 2.0])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="rollout_mse: shapes differ"):
         rollout_mse(pred, true[:, :1])
 
 

@@ -232,7 +232,7 @@ def test_configs_with_old_kernel_fields_still_load(tmp_path):
     path = tmp_path / "config.json"
     text = path.read_text().replace('"mixer"', '"gpa_kernel": "chunked", "rra_kernel": "scan", "mixer"', 1)
     path.write_text(text)
-    with pytest.warns(UserWarning) as record:
+    with pytest.warns(UserWarning, match="was removed") as record:
         loaded = VersorConfig.from_pretrained(tmp_path)
     messages = " ".join(str(w.message) for w in record)
     assert "`rra_kernel`='scan' was removed" in messages and "`gpa_kernel`='chunked' was removed" in messages

@@ -3,6 +3,7 @@ plots eval loss beside train loss and the card's metadata carries the measured m
 
 import json
 import math
+from pathlib import Path
 
 import torch
 from transformers.modeling_outputs import CausalLMOutput
@@ -51,7 +52,7 @@ def test_report_and_card(tmp_path):
     paths = write_report(str(tmp_path), metrics, history, title="t", details={"steps": 2})
     payload = json.loads((tmp_path / "metrics.json").read_text())
     assert payload["loss_curve"] == {"train": [[1, 3.0], [2, 2.0]], "eval": [[2, 2.5]]}
-    report = open(paths["markdown"]).read()
+    report = Path(paths["markdown"]).read_text()
     assert paths["png"].endswith("loss_curve.png") and "| mqar exact match | 1.000 |" in report
     assert "![Training loss and held-out evaluation loss](loss_curve.png)" in report
     context = {

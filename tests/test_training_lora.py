@@ -138,11 +138,11 @@ def test_lora_base_model_is_local_unless_marked_and_remote_code_is_opt_in(tmp_pa
 def test_lora_config_errors_name_the_key(tmp_path, base_checkpoint):
     with pytest.raises(ConfigError, match="`base_model`"):
         load_finetune_config(_lora_config(tmp_path, str(tmp_path / "missing-checkpoint")))
+    path = _lora_config(tmp_path, base_checkpoint)
+    raw = yaml.safe_load(Path(path).read_text())
+    raw["lora"]["rnk"] = 4
+    Path(path).write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match="`lora.rnk`"):
-        path = _lora_config(tmp_path, base_checkpoint)
-        raw = yaml.safe_load(Path(path).read_text())
-        raw["lora"]["rnk"] = 4
-        Path(path).write_text(yaml.safe_dump(raw))
         load_finetune_config(path)
     with pytest.raises(ConfigError, match="`lora.rank`"):
         load_finetune_config(_lora_config(tmp_path, base_checkpoint), ["--rank", "0"])
