@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # A CPU build of torch; override with TORCH_SPEC=torch for your platform's default build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup main test test-oldest test-hf lint check bench
+.PHONY: setup main test test-oldest test-hf lint typecheck check bench
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,14 +66,20 @@ test-hf: setup
 	$(PY) -c "import parameterized" 2>/dev/null || $(PY) -m pip install -q parameterized  # used by those tests
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -ra tests/test_hf_common.py
 
-# The checks CI runs (.ci/run) and the pre-commit hooks run: lint, then formatting.
+# The checks CI runs (.ci/run) and the pre-commit hooks run: lint, formatting, then types. mypy reads its files and
+# settings from pyproject.toml ([tool.mypy]: zpx_hf and zpx_hf_train) and keeps a cache in .mypy_cache (seconds
+# once warm; the first run reads torch's and transformers' own types, about a minute).
 RUFF_PATHS := zpx_hf zpx_hf_train tests benchmarks
 lint: setup
 	$(VENV)/bin/ruff check $(RUFF_PATHS)
 
+typecheck: setup
+	$(VENV)/bin/mypy
+
 check: setup
 	$(VENV)/bin/ruff check $(RUFF_PATHS)
 	$(VENV)/bin/ruff format --check $(RUFF_PATHS)
+	$(VENV)/bin/mypy
 
 # Every benchmark, one after another (hours on a CPU; results land in benchmarks/results and the README tables
 # are refreshed from them by `python benchmarks/update_readme.py`). `make bench QUICK=1` is the smoke run: tiny

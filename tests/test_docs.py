@@ -38,3 +38,21 @@ def test_pre_commit_ruff_matches_the_dev_pin():
     pin = re.search(r'"ruff==([\d.]+)"', (ROOT / "pyproject.toml").read_text())
     assert hook and pin, "pin ruff in pyproject's dev extra and the pre-commit hook's rev"
     assert hook.group(1) == pin.group(1), f"pre-commit runs ruff {hook.group(1)}, the dev extra pins {pin.group(1)}"
+
+
+def _recipe(makefile: str, target: str) -> list[str]:
+    """The command lines of a Makefile target (tab-indented, after `target:`)."""
+    lines = makefile.split(f"\n{target}:", 1)[1].splitlines()[1:]
+    return [line.strip() for line in lines[: next((i for i, x in enumerate(lines) if not x.startswith("\t")), None)]]
+
+
+def test_ci_and_pre_commit_type_check_with_the_pinned_mypy():
+    """`.ci/run` runs `make check`, which runs mypy after ruff; the pre-commit hook runs `make typecheck`, the same
+    .venv mypy that the dev extra pins exactly."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r'"mypy==[\d.]+"', (ROOT / "pyproject.toml").read_text()), "pin mypy exactly in the dev extra"
+    assert "make check" in (ROOT / ".ci" / "run").read_text()
+    assert "$(VENV)/bin/mypy" in _recipe(makefile, "check"), "`make check` runs mypy"
+    assert _recipe(makefile, "typecheck") == ["$(VENV)/bin/mypy"]
+    hook = re.search(r"- id: mypy\n(?:\s+\w+: .*\n)*", (ROOT / ".pre-commit-config.yaml").read_text())
+    assert hook and "entry: make typecheck" in hook.group(0) and "pass_filenames: false" in hook.group(0)
