@@ -439,11 +439,11 @@ def pack_rows(train: Any, seq_len: int, tokenizer: Any = None) -> Any:
     from zpx_hf_train.data_tasks import IGNORE_INDEX
     from zpx_hf_train.tokenizer import document_markers, pad_id
 
-    start, end = ([BOS_ID], []) if tokenizer is None else document_markers(tokenizer)
+    opening, closing = ([BOS_ID], []) if tokenizer is None else document_markers(tokenizer)
     padding = PAD_ID if tokenizer is None else pad_id(tokenizer)
 
     def opens(ids: list[int], i: int) -> bool:  # a document begins at position i
-        return ids[i] == start[0] if start else ids[i - 1] == end[0]
+        return ids[i] == opening[0] if opening else ids[i - 1] == closing[0]
 
     rows: dict[str, list[list[int]]] = {"input_ids": [], "labels": [], "position_ids": [], "attention_mask": []}
     current: dict[str, list[int]] = {"input_ids": [], "labels": [], "position_ids": []}
