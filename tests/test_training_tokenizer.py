@@ -72,7 +72,7 @@ def test_byte_tokenizer_text_blocks_equal_the_byte_ids_even_for_literal_special_
     train_docs = split_documents(pydoc_documents(), data.heldout_fraction, data.split_seed)[0]
     assert built["train"]["input_ids"][:8] == pack_documents(train_docs, data.seq_len, 8)
     assert built["heldout_bytes"] is None and len(built["tokenizer"]) == 260
-    assert built["description"][0].startswith("tokenizer: byte-level")
+    assert built["description"][-1].startswith("tokenizer: byte-level")
 
 
 # ---- each kind, end to end ---------------------------------------------------------------------------------
@@ -270,3 +270,57 @@ def test_hub_id_from_the_local_cache_offline(tmp_path, monkeypatch):
     run = load_run_config(_write(tmp_path, tokenizer="someone/tok"))
     assert run.model_config.vocab_size == 301 and run.model_config.eos_token_id == 300
     assert run.model_config.bos_token_id == 300 and run.model_config.pad_token_id is None
+
+
+# ---- resume and several processes --------------------------------------------------------------------------
+
+
+def test_resumed_run_keeps_the_tokenizer_its_checkpoint_saved(corpus, tmp_path, capsys):
+    from helpers_training import StopAt
+
+    data = tmp_path / "docs.jsonl"
+    data.write_text(corpus.read_text())
+    out = tmp_path / "out"
+    flags = [*SMALL, "--output_dir", str(out), "--text_source", str(data), "--tokenizer", json.dumps(BPE)]
+    flags += ["--tasks", "mqar", "--eval_strategy", "no", "--max_steps", "4", "--save_strategy", "steps"]
+    flags += ["--save_steps", "2"]
+    run_training(load_run_config(str(MICRO), flags), callbacks=[StopAt(2)])
+    saved = AutoTokenizer.from_pretrained(out / "checkpoint-2").get_vocab()
+    # the corpus changed since (same path): training again would give another vocabulary than the weights learned
+    data.write_text("".join(json.dumps({"text": doc.upper()}) + "\n" for doc in ascii_documents()))
+    capsys.readouterr()
+    resumed = run_training(load_run_config(str(MICRO), [*flags, "--resume_from_checkpoint", "last"]))
+    assert "data.tokenizer: reusing the tokenizer saved in checkpoint-2" in capsys.readouterr().out
+    assert resumed["trainer"].state.global_step == 4
+    assert AutoTokenizer.from_pretrained(out).get_vocab() == saved == resumed["datasets"]["tokenizer"].get_vocab()
+
+
+BROADCAST = """
+import sys
+import torch.distributed as dist
+from zpx_hf_train.tokenizer import process_zero_text
+rank = int(sys.argv[2])
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=rank, world_size=2)
+print(process_zero_text(f"trained by process {rank}"))
+dist.destroy_process_group()
+"""
+
+
+def test_every_process_takes_process_zeros_trained_tokenizer(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", BROADCAST, str(tmp_path / "rendezvous"), str(rank)],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [process.communicate(timeout=120)[0].strip().splitlines()[-1] for process in ranks]
+    assert outputs == ["trained by process 0", "trained by process 0"]

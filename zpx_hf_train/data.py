@@ -364,15 +364,15 @@ def build_datasets(data: DataArguments, tokenizer: Any = None) -> dict[str, Any]
             heldout = text_dataset(heldout_docs, data.seq_len, data.max_eval_blocks, tokenizer)
         except ValueError:
             heldout = None  # held-out text shorter than one block: perplexity is skipped
+        unit = "bytes" if is_byte_tokenizer(tokenizer) else "tokens"
         descriptions.append(
             f"text: {source_name(data.text_source)}, {len(train_docs)} train / {len(heldout_docs)} held-out "
-            f"documents, {len(parts[0])} train blocks of {data.seq_len} tokens"
+            f"documents, {len(parts[0])} train blocks of {data.seq_len} {unit}"
         )
     tokenizer = tokenizer if tokenizer is not None else training_tokenizer(data, ())
     byte_level = is_byte_tokenizer(tokenizer)
     if heldout is not None and not byte_level:
         heldout_bytes = scored_bytes(heldout, tokenizer)
-    descriptions.insert(0, f"tokenizer: {describe_tokenizer(data, tokenizer)}")
     task_tokenizer = None if byte_level else tokenizer  # None: the tasks' exact byte ids, without a tokenizer call
     tasks = {}
     for task, count in train_example_counts(data).items():
@@ -389,6 +389,7 @@ def build_datasets(data: DataArguments, tokenizer: Any = None) -> dict[str, Any]
         descriptions.append(
             f"synthetic `{task}` ({shown}): {count} train / {data.eval_examples_per_task} eval examples"
         )
+    descriptions.append(f"tokenizer: {describe_tokenizer(data, tokenizer)}")
     train = concatenate_datasets([part.select_columns(COLUMNS) for part in parts])
     packing = f"no: one block or example per row of {data.seq_len} tokens, padded (data.packing: false)"
     if data.packing:

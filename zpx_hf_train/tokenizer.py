@@ -93,9 +93,7 @@ def load_pretrained_tokenizer(path: str, source: str, seq_len: int) -> Any:
     if local.exists() and not local.is_dir():
         raise ConfigError(f"{where} is a file; give the folder that holds it (tokenizer.json, tokenizer_config.json).")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            str(local) if local.is_dir() else source, local_files_only=True, model_max_length=seq_len
-        )
+        tokenizer = AutoTokenizer.from_pretrained(str(local) if local.is_dir() else source, local_files_only=True)
     except (OSError, ValueError, TypeError, KeyError) as error:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         kind = "folder" if local.is_dir() else "not a local folder, and not a Hub id in the local cache"
@@ -105,6 +103,7 @@ def load_pretrained_tokenizer(path: str, source: str, seq_len: int) -> Any:
         ) from None
     if not getattr(tokenizer, "is_fast", False):
         raise ConfigError(f"{where}: a slow (Python) tokenizer; save it as a fast one (tokenizer.json) and use that.")
+    tokenizer.model_max_length = seq_len  # after loading: as a keyword it would reach a checkpoint's config too
     document_markers(tokenizer, where)
     return tokenizer
 
@@ -162,6 +161,7 @@ def train_tokenizer(spec: TokenizerSpec, texts: Iterable[str], seq_len: int) -> 
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's split, bytes as symbols
     backend.decoder = decoders.ByteLevel()
     backend.train_from_iterator(_batched(texts, TRAIN_BATCH), trainer=trainer)
+    backend = Tokenizer.from_str(process_zero_text(backend.to_str()))
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token="<pad>",
@@ -179,6 +179,18 @@ def train_tokenizer(spec: TokenizerSpec, texts: Iterable[str], seq_len: int) -> 
     if missing:  # a byte that cannot be encoded would become <unk>: never silently
         raise RuntimeError(f"trained tokenizer lacks {len(missing)} byte symbols of the byte-level alphabet")
     return tokenizer
+
+
+def process_zero_text(text: str) -> str:
+    """`text` as process 0 has it (itself outside a process group). Every process trains the tokenizer on the same
+    split, but unigram's EM scores differ at float rounding from one training to the next: all take process 0's."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return text
+    shared = [text]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
 
 
 def training_tokenizer(data: Any, train_texts: Iterable[str]) -> Any:

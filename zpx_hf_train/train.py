@@ -123,7 +123,9 @@ def resumed_tokenizer(spec: Any, resume: Any, seq_len: int) -> Any:
             "trained is lost; train into a new --output_dir."
         )
     print(f"data.tokenizer: reusing the tokenizer saved in {folder.name} (not trained again)", flush=True)
-    return AutoTokenizer.from_pretrained(folder, model_max_length=seq_len)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.model_max_length = seq_len  # set after loading: as a keyword it would also reach the model's config
+    return tokenizer
 
 
 def evaluate_trained(
