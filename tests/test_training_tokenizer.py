@@ -107,6 +107,12 @@ def test_each_tokenizer_trains_saves_reloads_and_generates(trained, corpus):
     heldout = result["datasets"]["heldout"]["input_ids"][0]
     text = reloaded.decode(result["datasets"]["train"]["input_ids"][0], skip_special_tokens=True)
     assert text[:200] in "".join(train_docs) and heldout.count(start[0] if start else end[0]) >= 1
+    # the recall tasks the run trained and evaluated are written in this tokenizer's tokens, the same text as bytes
+    for task, rows in result["datasets"]["tasks"].items():
+        params = {"mqar": {"num_pairs": 4}, "selective_copy": {"num_tokens": 4, "num_positions": 16}}[task]
+        for row, byte_row in zip(rows, task_examples(task, len(rows), 1, 128, **params)):
+            real = [t for t, m in zip(row["input_ids"], row["attention_mask"]) if m]
+            assert reloaded.decode(real, skip_special_tokens=True) == ids_to_text(byte_row["input_ids"])
     # reload the model with its remote code and generate with the saved tokenizer
     model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
     prompt = AutoTokenizer.from_pretrained(out, add_bos_token=True)("The if statement", return_tensors="pt")
