@@ -173,6 +173,31 @@ def test_pack_rows_split_documents_after_the_end_marker_when_there_is_no_start(t
                 assert positions[i] == 0 and labels[i] == -100
 
 
+@pytest.mark.parametrize("trained", ["bpe"], indirect=True)
+def test_lora_reads_its_data_with_the_base_models_tokenizer(trained, tmp_path):
+    from zpx_hf_train.finetune_lora import load_finetune_config, run_finetune
+
+    raw = yaml.safe_load((ROOT / "configs" / "zpx-tiny-lora.yaml").read_text())
+    raw.update(base_model=trained[1]["output_dir"], merged_output_dir=str(tmp_path / "merged"))
+    raw["data"].update(seq_len=64, train_examples_per_task=8, eval_examples_per_task=4, mqar_num_pairs=4)
+    raw["training"].update(
+        output_dir=str(tmp_path / "adapter"), max_steps=1, per_device_train_batch_size=4, disable_tqdm=True,
+        eval_strategy="no", save_strategy="no",
+    )  # fmt: skip
+    path = tmp_path / "lora.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = run_finetune(load_finetune_config(str(path)))
+    tokenizer = AutoTokenizer.from_pretrained(trained[1]["output_dir"])
+    rows = result["datasets"]["tasks"]["mqar"]
+    for row, byte_row in zip(rows, task_examples("mqar", len(rows), 1, 64, num_pairs=4)):
+        real = [t for t, m in zip(row["input_ids"], row["attention_mask"]) if m]
+        assert tokenizer.decode(real, skip_special_tokens=True) == ids_to_text(byte_row["input_ids"])
+    raw["data"]["tokenizer"] = BPE
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"`data\.tokenizer` = .*the base model's own tokenizer"):
+        load_finetune_config(str(path))
+
+
 # ---- recall tasks in any tokenizer's tokens ----------------------------------------------------------------
 
 
@@ -304,14 +329,15 @@ def test_resumed_run_keeps_the_tokenizer_its_checkpoint_saved(corpus, tmp_path, 
 BROADCAST = """
 import sys
 import torch.distributed as dist
-from zpx_hf_train.tokenizer import process_zero_text
+from zpx_hf_train.distributed import process_zero_value
 rank = int(sys.argv[2])
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=rank, world_size=2)
-print(process_zero_text(f"trained by process {rank}"))
+print(process_zero_value(f"trained by process {rank}"))
 dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow  # two Pythons importing torch and the package
 def test_every_process_takes_process_zeros_trained_tokenizer(tmp_path):
     import os
     import subprocess
@@ -330,3 +356,12 @@ def test_every_process_takes_process_zeros_trained_tokenizer(tmp_path):
     ]
     outputs = [process.communicate(timeout=120)[0].strip().splitlines()[-1] for process in ranks]
     assert outputs == ["trained by process 0", "trained by process 0"]
+
+
+def test_a_trained_tokenizer_is_process_zeros(monkeypatch):
+    import zpx_hf_train.tokenizer
+
+    zero = train_tokenizer(TokenizerSpec("train", algorithm="unigram", vocab_size=300), ascii_documents(), 128)
+    monkeypatch.setattr(zpx_hf_train.tokenizer, "process_zero_value", lambda text: zero.backend_tokenizer.to_str())
+    tokenizer = train_tokenizer(TokenizerSpec("train", algorithm="unigram", vocab_size=400), ascii_documents(), 128)
+    assert tokenizer.get_vocab() == zero.get_vocab() and len(tokenizer) == 300

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, unknown_key
+from .distributed import process_zero_value
 
 TRAINED_KINDS = ("bpe", "unigram")
 TRAIN_KEYS = {"train": "bpe or unigram", "vocab_size": "tokens, specials included", "min_frequency": "bpe only"}
@@ -161,7 +162,9 @@ def train_tokenizer(spec: TokenizerSpec, texts: Iterable[str], seq_len: int) -> 
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's split, bytes as symbols
     backend.decoder = decoders.ByteLevel()
     backend.train_from_iterator(_batched(texts, TRAIN_BATCH), trainer=trainer)
-    backend = Tokenizer.from_str(process_zero_text(backend.to_str()))
+    # every process trains on the same split, but unigram's EM scores differ at float rounding from one training
+    # to the next: all take process 0's
+    backend = Tokenizer.from_str(process_zero_value(backend.to_str()))
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token="<pad>",
@@ -179,18 +182,6 @@ def train_tokenizer(spec: TokenizerSpec, texts: Iterable[str], seq_len: int) -> 
     if missing:  # a byte that cannot be encoded would become <unk>: never silently
         raise RuntimeError(f"trained tokenizer lacks {len(missing)} byte symbols of the byte-level alphabet")
     return tokenizer
-
-
-def process_zero_text(text: str) -> str:
-    """`text` as process 0 has it (itself outside a process group). Every process trains the tokenizer on the same
-    split, but unigram's EM scores differ at float rounding from one training to the next: all take process 0's."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return text
-    shared = [text]
-    dist.broadcast_object_list(shared, src=0)
-    return shared[0]
 
 
 def training_tokenizer(data: Any, train_texts: Iterable[str]) -> Any:
