@@ -198,6 +198,28 @@ def test_lora_reads_its_data_with_the_base_models_tokenizer(trained, tmp_path):
         load_finetune_config(str(path))
 
 
+def test_a_corpus_too_small_for_vocab_size_gives_a_smaller_model_and_says_so(tmp_path, capsys):
+    corpus = tmp_path / "small.txt"
+    paragraph = "Paragraph {}: the quick brown fox jumps over the lazy dog. " * 4
+    corpus.write_text("\n\n".join(paragraph.format(*[i] * 4) for i in range(30)))
+    flags = [*SMALL, "--output_dir", str(tmp_path / "out"), "--text_source", str(corpus), "--tasks", "mqar"]
+    flags += ["--tokenizer", json.dumps({"train": "bpe", "vocab_size": 5000}), "--eval_strategy", "no"]
+    run = load_run_config(str(MICRO), flags)
+    assert run.model_config.vocab_size == 5000  # what the YAML asked, until the tokenizer is trained
+    result = run_training(run)
+    learned = len(result["datasets"]["tokenizer"])
+    assert learned < 5000 and f"data.tokenizer learned {learned} tokens" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == learned
+    assert result["model"].get_input_embeddings().weight.shape[0] == learned
+    raw = yaml.safe_load(MICRO.read_text())  # the same, with model.vocab_size: 5000 written out, stops the run
+    raw["model"]["vocab_size"] = 5000
+    path = tmp_path / "explicit.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    flags[flags.index("--output_dir") + 1] = str(tmp_path / "out2")
+    with pytest.raises(ConfigError, match=r"`model\.vocab_size` = 5000: `data\.tokenizer` learned only"):
+        run_training(load_run_config(str(path), flags))
+
+
 # ---- recall tasks in any tokenizer's tokens ----------------------------------------------------------------
 
 

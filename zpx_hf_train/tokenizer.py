@@ -27,7 +27,9 @@ from .config import ConfigError, unknown_key
 from .distributed import process_zero_value
 
 TRAINED_KINDS = ("bpe", "unigram")
-TRAIN_KEYS = {"train": "bpe or unigram", "vocab_size": "tokens, specials included", "min_frequency": "bpe only"}
+TRAIN_KEYS = ("train", "vocab_size", "min_frequency")  # of the mapping form; min_frequency is bpe's only
+TRAINED_SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0-3: the family configs' pad/bos/eos defaults
+TRAINED_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 BYTE_SYMBOLS = 256  # the byte-level alphabet every trained model starts from
 TRAIN_BATCH = 1024  # documents handed to the `tokenizers` trainer at a time
 ENCODE_BATCH = 256  # documents tokenized per call while packing
@@ -118,9 +120,6 @@ def config_tokenizer(path: str, spec: TokenizerSpec, seq_len: int) -> Any | None
     if spec.kind == "pretrained":
         return load_pretrained_tokenizer(path, spec.source, seq_len)
     return None
-
-
-TRAINED_SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0-3: the family configs' pad/bos/eos defaults
 
 
 def _batched(texts: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -262,7 +261,7 @@ def tokenizer_model_kwargs(path: str, model: dict[str, Any], spec: TokenizerSpec
         return dict(model)
     kwargs = dict(model) if init_from is not None else {**model, "vocab_size": size}
     for key in TOKEN_ID_KEYS:
-        token = getattr(tokenizer, key) if tokenizer is not None else TRAINED_SPECIALS.index(key_token(key))
+        token = getattr(tokenizer, key) if tokenizer is not None else TRAINED_IDS[key]
         if key in model and model[key] != token:
             raise ConfigError(
                 f"{path}: key `model.{key}` = {model[key]} conflicts with `data.tokenizer`'s {key} {token}; remove "
@@ -270,11 +269,6 @@ def tokenizer_model_kwargs(path: str, model: dict[str, Any], spec: TokenizerSpec
             )
         kwargs[key] = token  # no pad token: None, no padding row in the embedding (padding is masked and ignored)
     return kwargs
-
-
-def key_token(key: str) -> str:
-    """The trained tokenizer's special token for a config id key (`bos_token_id` -> `<s>`)."""
-    return {"bos_token_id": "<s>", "eos_token_id": "</s>", "pad_token_id": "<pad>"}[key]
 
 
 def fit_model_config(config: Any, model: dict[str, Any], tokenizer: Any, requested: int) -> None:
