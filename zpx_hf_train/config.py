@@ -437,9 +437,11 @@ def build_model_config(
     kwargs: dict[str, Any],
     seq_len: int | None = None,
     attn_implementation: str | None = None,
+    tokenizer: Any = None,
 ) -> Any:
     """The family config from `model_type` + the `model:` mapping, checked with `attn_implementation`; every
-    error names its key. With `model.init_from: PATH` it is PATH's config, the mapping's other keys applied."""
+    error names its key. With `model.init_from: PATH` it is PATH's config, the mapping's other keys applied.
+    `tokenizer`: the run's (default the byte tokenizer); the vocabulary must hold its ids."""
     from transformers import CONFIG_MAPPING
 
     import zpx_hf
@@ -464,26 +466,28 @@ def build_model_config(
         if init_from is None:
             config = config_class(**kwargs)
         else:  # the checkpoint's config, the mapping's keys applied and the result checked as a whole
-            config = config_class.from_pretrained(init_from_folder(path, init_from, model_type), **kwargs)
+            config = config_class.from_pretrained(init_from_folder(path, init_from, model_type, tokenizer), **kwargs)
             config.validate()
     except (TypeError, ValueError) as error:
         raise ConfigError(f"{path}: section `model`: {' '.join(str(error).split())}") from error
-    vocab = getattr(config, "vocab_size", None)
-    if isinstance(vocab, int) and vocab < VOCAB_SIZE:
+    vocab, needed = getattr(config, "vocab_size", None), VOCAB_SIZE if tokenizer is None else len(tokenizer)
+    if isinstance(vocab, int) and vocab < needed:
         raise ConfigError(
-            f"{path}: key `model.vocab_size` = {vocab} is smaller than the byte tokenizer's {VOCAB_SIZE} tokens."
+            f"{path}: key `model.vocab_size` = {vocab} is smaller than `data.tokenizer`'s {needed} tokens."
         )
     check_positions(path, config, seq_len)
     check_attn_implementation(path, config, attn_implementation)
     return config
 
 
-def init_from_folder(path: str, init_from: Any, model_type: str) -> str:
+def init_from_folder(path: str, init_from: Any, model_type: str, tokenizer: Any = None) -> str:
     """`model.init_from`: a local checkpoint of the `model_type` family (e.g. one `zpx-convert` wrote) whose
-    tokenizer, if it has one, is zpx-train's byte tokenizer (the data is tokenized with that one)."""
+    tokenizer, if it has one, is the run's `tokenizer` (default the byte tokenizer; the data is tokenized with it)."""
     import warnings
 
     from zpx_hf.tokenization_bytes import build_byte_tokenizer
+
+    expected = build_byte_tokenizer() if tokenizer is None else tokenizer
 
     folder = Path(str(init_from))
     if not isinstance(init_from, str) or not (folder / "config.json").is_file():
@@ -498,15 +502,16 @@ def init_from_folder(path: str, init_from: Any, model_type: str) -> str:
         from transformers import PreTrainedTokenizerFast
 
         saved = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json")).get_vocab()
-        if saved != build_byte_tokenizer().get_vocab():
+        if saved != expected.get_vocab():
             raise ConfigError(
-                f"{path}: key `model.init_from` = {init_from!r} has another tokenizer than zpx-train's byte "
-                "tokenizer, which the training data is tokenized with; start from a model trained on byte tokens."
+                f"{path}: key `model.init_from` = {init_from!r} has another tokenizer than `data.tokenizer`, which "
+                f"the training data is tokenized with; set data.tokenizer: {str(init_from)!r} (or start from a model "
+                "trained on the same tokenizer)."
             )
     else:
         warnings.warn(
-            f"model.init_from = {init_from!r} has no tokenizer.json: zpx-train assumes it was trained on the byte "
-            "tokenizer's ids.",
+            f"model.init_from = {init_from!r} has no tokenizer.json: zpx-train assumes it was trained on the ids of "
+            "`data.tokenizer`.",
             stacklevel=2,
         )
     return str(folder)

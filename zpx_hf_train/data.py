@@ -37,7 +37,15 @@ class DataArguments:
     dataset_config_name: str | None = field(default=None, metadata={"help": "Config name of a Hub dataset."})
     dataset_split: str = field(default="train", metadata={"help": "Split of a Hub dataset to read."})
     max_documents: int | None = field(default=None, metadata={"help": "Read at most this many documents."})
-    seq_len: int = field(default=128, metadata={"help": "Tokens (bytes) per training example."})
+    tokenizer: dict[str, Any] | str | None = field(
+        default="bytes",
+        metadata={
+            "help": "'bytes' (the 260-token byte tokenizer), a local tokenizer folder or a Hub id in the local cache "
+            "(AutoTokenizer, offline), or a model trained on the training split: {train: bpe|unigram, vocab_size: N"
+            "[, min_frequency: M]} (a JSON mapping on the command line). The model's vocab_size follows it."
+        },
+    )
+    seq_len: int = field(default=128, metadata={"help": "Tokens per training example."})
     heldout_fraction: float = field(default=0.1, metadata={"help": "Fraction of documents held out for perplexity."})
     split_seed: int = field(default=0, metadata={"help": "Seed of the train/held-out document split."})
     max_train_blocks: int | None = field(default=None, metadata={"help": "Cap on training text blocks."})
@@ -130,6 +138,7 @@ MINIMUMS = {
 def validate_data_args(path: str, data: DataArguments) -> None:
     """Range, feasibility and local-file checks of the `data:` section (before any data is built)."""
     from zpx_hf_train.data_tasks import TASKS, is_local_source, task_examples
+    from zpx_hf_train.tokenizer import parse_tokenizer_spec
 
     if set(TASK_SPECS) != set(TASKS):
         raise RuntimeError(
@@ -140,6 +149,11 @@ def validate_data_args(path: str, data: DataArguments) -> None:
     for task in data.tasks:
         if task not in TASK_SPECS:
             raise ConfigError(f"{path}: key `data.tasks`: unknown task {task!r}; expected some of {sorted(TASKS)}.")
+    if parse_tokenizer_spec(path, data.tokenizer).kind == "train" and data.text_source == "none":
+        raise ConfigError(
+            f"{path}: key `data.tokenizer` trains on the text corpus but `data.text_source` is 'none'; give a corpus "
+            "or a tokenizer folder."
+        )
     if data.text_source == "none" and not data.tasks:
         raise ConfigError(f"{path}: key `data.tasks` is empty and `data.text_source` is 'none': nothing to train on.")
     if data.text_source == "none" and not any(train_example_counts(data).values()):
@@ -324,47 +338,63 @@ def source_name(source: str) -> str:
     return f"local `{Path(source).name}`" if is_local_source(source) else f"`{source}`"
 
 
-def build_datasets(data: DataArguments) -> dict[str, Any]:
+def build_datasets(data: DataArguments, tokenizer: Any = None) -> dict[str, Any]:
     """`train` (text blocks + task examples), `heldout` (text blocks or None), `tasks` (eval sets by name),
-    `eval` (what `Trainer` evaluates: held-out text, else the task sets), `description` (card lines) and
-    `packing` (the report line saying whether the training rows were packed)."""
+    `eval` (what `Trainer` evaluates: held-out text, else the task sets), `description` (card lines), `packing`
+    (the report line saying whether the training rows were packed), `tokenizer` (the given one, else
+    `tokenizer.training_tokenizer` of `data.tokenizer`, trained on the training split when asked) and
+    `heldout_bytes` (UTF-8 bytes of the held-out blocks' scored tokens; None for the byte tokenizer)."""
     from datasets import concatenate_datasets
 
     from zpx_hf_train.data_tasks import split_documents, task_dataset, text_dataset
+    from zpx_hf_train.tokenizer import describe_tokenizer, is_byte_tokenizer, training_tokenizer
 
-    parts, heldout, descriptions = [], None, []
+    parts, heldout, heldout_bytes, descriptions = [], None, None, []
     if data.text_source != "none":
         documents = load_text_documents(data)
         train_docs, heldout_docs = split_documents(documents, data.heldout_fraction, data.split_seed)
+        tokenizer = tokenizer if tokenizer is not None else training_tokenizer(data, train_docs)
         try:
-            parts.append(text_dataset(train_docs, data.seq_len, data.max_train_blocks))
+            parts.append(text_dataset(train_docs, data.seq_len, data.max_train_blocks, tokenizer))
         except ValueError as error:
             raise ConfigError(
                 f"key `data.text_source` = {data.text_source!r}: {error} Lower `data.seq_len`."
             ) from error
         try:
-            heldout = text_dataset(heldout_docs, data.seq_len, data.max_eval_blocks)
+            heldout = text_dataset(heldout_docs, data.seq_len, data.max_eval_blocks, tokenizer)
         except ValueError:
             heldout = None  # held-out text shorter than one block: perplexity is skipped
+        unit = "bytes" if is_byte_tokenizer(tokenizer) else "tokens"
         descriptions.append(
             f"text: {source_name(data.text_source)}, {len(train_docs)} train / {len(heldout_docs)} held-out "
-            f"documents, {len(parts[0])} train blocks of {data.seq_len} bytes"
+            f"documents, {len(parts[0])} train blocks of {data.seq_len} {unit}"
         )
+    tokenizer = tokenizer if tokenizer is not None else training_tokenizer(data, ())
+    byte_level = is_byte_tokenizer(tokenizer)
+    if heldout is not None and not byte_level:
+        heldout_bytes = scored_bytes(heldout, tokenizer)
+    task_tokenizer = None if byte_level else tokenizer  # None: the tasks' exact byte ids, without a tokenizer call
     tasks = {}
     for task, count in train_example_counts(data).items():
         params = TASK_SPECS[task].params(data)
-        if count:
-            parts.append(task_dataset(task, count, data.task_seed, data.seq_len, **params))
-        tasks[task] = task_dataset(task, data.eval_examples_per_task, data.task_seed + 1, data.seq_len, **params)
+        params_with = {**params, "tokenizer": task_tokenizer}
+        try:
+            if count:
+                parts.append(task_dataset(task, count, data.task_seed, data.seq_len, **params_with))
+            seed = data.task_seed + 1
+            tasks[task] = task_dataset(task, data.eval_examples_per_task, seed, data.seq_len, **params_with)
+        except ValueError as error:  # the same example is longer in this tokenizer's tokens
+            raise ConfigError(f"key `data.{TASK_SPECS[task].length_key}` with `data.tokenizer`: {error}") from None
         shown = ", ".join(f"{k}={v}" for k, v in params.items() if v is not None)
         descriptions.append(
             f"synthetic `{task}` ({shown}): {count} train / {data.eval_examples_per_task} eval examples"
         )
+    descriptions.append(f"tokenizer: {describe_tokenizer(data, tokenizer)}")
     train = concatenate_datasets([part.select_columns(COLUMNS) for part in parts])
     packing = f"no: one block or example per row of {data.seq_len} tokens, padded (data.packing: false)"
     if data.packing:
         examples = len(train)
-        train = pack_rows(train, data.seq_len)
+        train = pack_rows(train, data.seq_len, tokenizer)
         descriptions.append(
             f"packed: {examples} training rows repacked into {len(train)} rows of {data.seq_len} tokens, position_ids "
             "restarting at every document and example (no attention across them)"
@@ -381,19 +411,40 @@ def build_datasets(data: DataArguments) -> dict[str, Any]:
         "eval": eval_sets,
         "description": descriptions,
         "packing": packing,
+        "tokenizer": tokenizer,
+        "heldout_bytes": heldout_bytes,
     }
 
 
-def pack_rows(train: Any, seq_len: int) -> Any:
-    """Training rows repacked (`data.packing`): each row's documents (text blocks split at every `<s>`; a task
-    example's real tokens) placed whole, in order, into rows of `seq_len` tokens with `position_ids` restarting
-    at each. A document's first label is ignored (nothing predicts across a boundary); a row's unused tail is
-    one more document of padding with ignored labels, so rows need no padding mask (the model reads documents
-    from restarting positions only when nothing is padded)."""
+def scored_bytes(blocks: Any, tokenizer: Any) -> int:
+    """UTF-8 bytes of the tokens that held-out perplexity scores (every block's tokens after its first), decoded
+    block by block without special tokens; a character cut at a block's edge counts as U+FFFD (3 bytes)."""
+    total = 0
+    for start in range(0, len(blocks), 256):
+        ids = [row[1:] for row in blocks[start : start + 256]["input_ids"]]
+        texts = tokenizer.batch_decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        total += sum(len(text.encode("utf-8")) for text in texts)
+    return total
+
+
+def pack_rows(train: Any, seq_len: int, tokenizer: Any = None) -> Any:
+    """Training rows repacked (`data.packing`): each row's documents (text blocks split where a document starts:
+    at every start marker of `tokenizer.document_markers`, `<s>`, or after an end marker when there is none; a
+    task example's real tokens; `tokenizer` None: the byte tokenizer) placed whole, in order, into rows of
+    `seq_len` tokens with `position_ids` restarting at each. A document's first label is ignored (nothing predicts
+    across a boundary); a row's unused tail is one more document of padding with ignored labels, so rows need no
+    padding mask (the model reads documents from restarting positions only when nothing is padded)."""
     from datasets import Dataset
 
     from zpx_hf.tokenization_bytes import BOS_ID, PAD_ID
     from zpx_hf_train.data_tasks import IGNORE_INDEX
+    from zpx_hf_train.tokenizer import document_markers, pad_id
+
+    opening, closing = ([BOS_ID], []) if tokenizer is None else document_markers(tokenizer)
+    padding = PAD_ID if tokenizer is None else pad_id(tokenizer)
+
+    def opens(ids: list[int], i: int) -> bool:  # a document begins at position i
+        return ids[i] == opening[0] if opening else ids[i - 1] == closing[0]
 
     rows: dict[str, list[list[int]]] = {"input_ids": [], "labels": [], "position_ids": [], "attention_mask": []}
     current: dict[str, list[int]] = {"input_ids": [], "labels": [], "position_ids": []}
@@ -402,7 +453,7 @@ def pack_rows(train: Any, seq_len: int) -> Any:
         tail = seq_len - len(current["input_ids"])
         if not current["input_ids"]:
             return
-        rows["input_ids"].append(current["input_ids"] + [PAD_ID] * tail)
+        rows["input_ids"].append(current["input_ids"] + [padding] * tail)
         rows["labels"].append(current["labels"] + [IGNORE_INDEX] * tail)
         rows["position_ids"].append(current["position_ids"] + list(range(tail)))
         rows["attention_mask"].append([1] * seq_len)
@@ -411,7 +462,7 @@ def pack_rows(train: Any, seq_len: int) -> Any:
 
     for ids, mask, labels in zip(train["input_ids"], train["attention_mask"], train["labels"]):
         real = [index for index, keep in enumerate(mask) if keep]
-        starts = [i for i in real if ids[i] == BOS_ID and i != real[0]] if real else []
+        starts = [i for i in real if i != real[0] and opens(ids, i)] if real else []
         for begin, end in zip([real[0]] + starts if real else [], starts + [real[-1] + 1] if real else []):
             if len(current["input_ids"]) + end - begin > seq_len:
                 close_row()
@@ -444,6 +495,7 @@ __all__ = [
     "dataset_tags",
     "pack_rows",
     "load_text_documents",
+    "scored_bytes",
     "source_name",
     "train_example_counts",
     "validate_data_args",

@@ -32,6 +32,7 @@ from __future__ import annotations
 import array
 import contextlib
 import hashlib
+import itertools
 import os
 import random
 import string
@@ -55,11 +56,21 @@ TEXT_FILE_BUILDERS = {".txt": "text", ".text": "text", ".md": "text", ".json": "
 TEXT_FILE_BUILDERS.update({".csv": "csv", ".parquet": "parquet"})
 
 
-def _example(segments: Sequence[tuple[str, bool]], seq_len: int | None, task: str) -> dict[str, Any]:
-    """Concatenate `(text, is_answer)` segments after BOS; pad on the right to `seq_len`."""
-    input_ids, answer_mask = [BOS_ID], [0]
-    for text, is_answer in segments:
-        ids = text_to_ids(text)
+def _example(
+    segments: Sequence[tuple[str, bool]], seq_len: int | None, task: str, tokenizer: Any = None
+) -> dict[str, Any]:
+    """Concatenate `(text, is_answer)` segments after BOS; pad on the right to `seq_len`. With a `tokenizer` each
+    segment is its tokens, after its document start marker (`zpx_hf_train.tokenizer.document_markers`)."""
+    if tokenizer is None:
+        encoded, pad = [text_to_ids(text) for text, _ in segments], PAD_ID
+        input_ids = [BOS_ID]
+    else:
+        from zpx_hf_train.tokenizer import document_markers, encode_texts, pad_id
+
+        encoded, pad = encode_texts(tokenizer, [text for text, _ in segments]), pad_id(tokenizer)
+        input_ids = list(document_markers(tokenizer)[0])
+    answer_mask = [0] * len(input_ids)
+    for (_, is_answer), ids in zip(segments, encoded):
         input_ids += ids
         answer_mask += [int(is_answer)] * len(ids)
     length = len(input_ids)
@@ -68,9 +79,8 @@ def _example(segments: Sequence[tuple[str, bool]], seq_len: int | None, task: st
             raise ValueError(
                 f"task `{task}` needs {length} tokens but seq_len={seq_len}: raise seq_len or shrink the task."
             )
-        pad = seq_len - length
-        input_ids += [PAD_ID] * pad
-        answer_mask += [0] * pad
+        input_ids += [pad] * (seq_len - length)
+        answer_mask += [0] * (seq_len - length)
     attention_mask = [1] * length + [0] * (len(input_ids) - length)
     labels = [tok if is_answer else IGNORE_INDEX for tok, is_answer in zip(input_ids, answer_mask)]
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "answer_mask": answer_mask}
@@ -83,6 +93,7 @@ def mqar_examples(
     num_queries: int | None = None,
     seq_len: int | None = None,
     query_replacement: bool = False,
+    tokenizer: Any = None,
 ) -> list[dict[str, Any]]:
     """Multi-query associative recall: distinct keys (a-z), values (A-Z).
 
@@ -107,7 +118,7 @@ def mqar_examples(
         queries = [rng.choice(keys) for _ in range(num_queries)] if query_replacement else rng.sample(keys, num_queries)
         for query in queries:
             segments += [(query, False), (table[query], True)]
-        out.append(_example(segments, seq_len, "mqar"))
+        out.append(_example(segments, seq_len, "mqar", tokenizer))
     return out
 
 
@@ -120,8 +131,10 @@ def passkey_examples(
     num_needles: int = 3,
     num_distractors: int = 2,
     compact: bool = False,
+    tokenizer: Any = None,
 ) -> list[dict[str, Any]]:
-    """Keyed pass-key retrieval filling exactly `seq_len` tokens (BOS included).
+    """Keyed pass-key retrieval filling exactly `seq_len` tokens (BOS included) of the byte tokenizer (with another
+    `tokenizer`: `seq_len` characters, as many tokens as they encode to).
 
     `num_needles` statements `Key <letter> is <digits>.` with distinct capital letters (`NEEDLE_KEY_CHARS`) and
     `num_distractors` numbers `Room <digits>.` (same digit count) are inserted at uniform random depths of the
@@ -163,13 +176,23 @@ def passkey_examples(
             cut = depth
         context += filler[cut:] + question
         out.append(
-            _example([(context, False), (codes[asked], True)], pad_to if pad_to is not None else seq_len, "passkey")
+            _example(
+                [(context, False), (codes[asked], True)],
+                pad_to if pad_to is not None else seq_len,
+                "passkey",
+                tokenizer,
+            )
         )
     return out
 
 
 def selective_copy_examples(
-    num_examples: int, seed: int, num_tokens: int = 8, num_positions: int = 32, seq_len: int | None = None
+    num_examples: int,
+    seed: int,
+    num_tokens: int = 8,
+    num_positions: int = 32,
+    seq_len: int | None = None,
+    tokenizer: Any = None,
 ) -> list[dict[str, Any]]:
     """Selective copying: `num_tokens` letters at random positions among `num_positions` noise slots."""
     if not 1 <= num_tokens <= num_positions:
@@ -182,7 +205,7 @@ def selective_copy_examples(
         for position, token in zip(sorted(rng.sample(range(num_positions), num_tokens)), data):
             slots[position] = token
         segments = [("".join(slots) + SEPARATOR, False), ("".join(data), True)]
-        out.append(_example(segments, seq_len, "selective_copy"))
+        out.append(_example(segments, seq_len, "selective_copy", tokenizer))
     return out
 
 
@@ -466,30 +489,45 @@ def _read_local(path: str, split: str) -> Any:
     return load_dataset(builder, data_files=path, split="train", **extra)
 
 
-def pack_documents(documents: Sequence[str], seq_len: int, max_blocks: int | None = None) -> list[list[int]]:
-    """`<s> doc </s> <s> doc </s> ...` cut into full blocks of `seq_len` tokens (the tail is dropped).
+def pack_documents(
+    documents: Sequence[str], seq_len: int, max_blocks: int | None = None, tokenizer: Any = None
+) -> list[list[int]]:
+    """`<s> doc </s> <s> doc </s> ...` cut into full blocks of `seq_len` tokens (the tail is dropped). With a
+    `tokenizer` (`PreTrainedTokenizerBase`; None: the byte ids), documents are tokenized in batches and written
+    between its markers (`zpx_hf_train.tokenizer.document_markers`).
 
     Linear time: each token is copied once into the pending stream and once into its block (cutting the
     stream's head off after every block re-copied the rest: quadratic in a long document)."""
+    if tokenizer is None:
+        start, end = [BOS_ID], [EOS_ID]
+        batches: Iterator[list[list[int]]] = ([text_to_ids(doc)] for doc in documents)
+    else:
+        from zpx_hf_train.tokenizer import ENCODE_BATCH, document_markers, encode_texts
+
+        start, end = document_markers(tokenizer)
+        texts = iter(documents)
+        chunks = iter(lambda: list(itertools.islice(texts, ENCODE_BATCH)), [])
+        batches = (encode_texts(tokenizer, chunk) for chunk in chunks)
     blocks: list[list[int]] = []
     stream: list[int] = []
-    for doc in documents:
-        stream += [BOS_ID, *text_to_ids(doc), EOS_ID]
-        full = len(stream) // seq_len
-        if max_blocks is not None:
-            full = min(full, max_blocks - len(blocks))
-        blocks += [stream[i * seq_len : (i + 1) * seq_len] for i in range(full)]
-        del stream[: full * seq_len]  # what is left is shorter than a block (or the cap is reached)
-        if max_blocks is not None and len(blocks) >= max_blocks:
-            break
+    for batch in batches:
+        for ids in batch:
+            stream += [*start, *ids, *end]
+            full = len(stream) // seq_len
+            if max_blocks is not None:
+                full = min(full, max_blocks - len(blocks))
+            blocks += [stream[i * seq_len : (i + 1) * seq_len] for i in range(full)]
+            del stream[: full * seq_len]  # what is left is shorter than a block (or the cap is reached)
+            if max_blocks is not None and len(blocks) >= max_blocks:
+                return blocks
     return blocks
 
 
-def text_dataset(documents: Sequence[str], seq_len: int, max_blocks: int | None = None) -> Any:
+def text_dataset(documents: Sequence[str], seq_len: int, max_blocks: int | None = None, tokenizer: Any = None) -> Any:
     """`datasets.Dataset` of packed LM blocks (labels = input_ids)."""
     from datasets import Dataset
 
-    blocks = pack_documents(documents, seq_len, max_blocks)
+    blocks = pack_documents(documents, seq_len, max_blocks, tokenizer)
     if not blocks:
         raise ValueError(f"the text corpus is shorter than one block of seq_len={seq_len} tokens.")
     return Dataset.from_dict(

@@ -118,6 +118,17 @@ def gather_objects(value: Any) -> list[Any]:
     return out
 
 
+def process_zero_value(value: Any) -> Any:
+    """`value` as process 0 has it (this process's own outside a process group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    shared = [value]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
+
+
 def state_dict_digest(state: dict[str, Any], keys: Any = None) -> str:
     """sha256 over the names, dtypes, shapes and bytes of a state dict (bit-exact fingerprint)."""
     import torch
@@ -136,6 +147,7 @@ __all__ = [
     "full_state_dict",
     "gather_objects",
     "local_parameter_count",
+    "process_zero_value",
     "shard_model",
     "state_dict_digest",
 ]

@@ -51,8 +51,14 @@ def input_device(model: torch.nn.Module) -> torch.device:
 
 
 @torch.no_grad()
-def perplexity(model: torch.nn.Module, dataset: Any, batch_size: int = 32) -> dict[str, float]:
-    """Held-out LM metrics over a dataset with `input_ids`, `labels` (and optionally `attention_mask`)."""
+def perplexity(
+    model: torch.nn.Module, dataset: Any, batch_size: int = 32, num_bytes: int | None = None
+) -> dict[str, float]:
+    """Held-out LM metrics over a dataset with `input_ids`, `labels` (and optionally `attention_mask`).
+
+    Perplexity is per token. `num_bytes`: the UTF-8 bytes the scored tokens stand for, for a tokenizer that is not
+    byte-level (`data.build_datasets`' `heldout_bytes`): bits per byte = total bits / bytes, and `bytes` is reported;
+    None: one token is one byte (the byte tokenizer)."""
     was_training = model.training
     model.eval()
     device = input_device(model)
@@ -70,12 +76,15 @@ def perplexity(model: torch.nn.Module, dataset: Any, batch_size: int = 32) -> di
         total_tokens += int((labels != -100).sum())
     model.train(was_training)
     loss = total_nll / max(total_tokens, 1)
-    return {
+    metrics = {
         "loss": loss,
         "perplexity": math.exp(min(loss, 50.0)),
-        "bits_per_byte": loss / math.log(2),
+        "bits_per_byte": loss / math.log(2) if num_bytes is None else total_nll / math.log(2) / max(num_bytes, 1),
         "tokens": total_tokens,
     }
+    if num_bytes is not None:
+        metrics["bytes"] = num_bytes
+    return metrics
 
 
 @torch.no_grad()
@@ -104,12 +113,17 @@ def task_accuracy(model: torch.nn.Module, dataset: Any, batch_size: int = 32) ->
 
 
 def evaluate_model(
-    model: torch.nn.Module, heldout: Any | None, tasks: Mapping[str, Any], batch_size: int = 32
+    model: torch.nn.Module,
+    heldout: Any | None,
+    tasks: Mapping[str, Any],
+    batch_size: int = 32,
+    heldout_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """`{"heldout": perplexity(...), "tasks": {name: task_accuracy(...)}}`."""
+    """`{"heldout": perplexity(...), "tasks": {name: task_accuracy(...)}}` (`heldout_bytes`: `perplexity`'s
+    `num_bytes`)."""
     metrics: dict[str, Any] = {}
     if heldout is not None and len(heldout) > 0:
-        metrics["heldout"] = perplexity(model, heldout, batch_size)
+        metrics["heldout"] = perplexity(model, heldout, batch_size, heldout_bytes)
     metrics["tasks"] = {name: task_accuracy(model, data, batch_size) for name, data in tasks.items()}
     return metrics
 

@@ -107,6 +107,11 @@ def load_finetune_config(path: str, cli_args: Sequence[str] = ()) -> RunConfig:
             f"{path}: key `merged_output_dir` = {merged!r} is the adapter's `training.output_dir`; give it a folder "
             "of its own."
         )
+    if run[DataArguments].tokenizer != "bytes":
+        raise ConfigError(
+            f"{path}: key `data.tokenizer` = {run[DataArguments].tokenizer!r}: a LoRA fine-tune reads its data with "
+            "the base model's own tokenizer; remove data.tokenizer."
+        )
     validate_data_args(path, run[DataArguments])
     return run
 
@@ -230,9 +235,13 @@ def run_finetune(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
     with open_run(run, "zpx-finetune-lora", base_model_type(location), extra, inputs) as folders:
         tokenizer, model = load_base(args)
         check_positions("base_model", model.config, data.seq_len)
-        datasets = build_datasets(data)
+        datasets = build_datasets(data, tokenizer)  # the base's tokenizer: the ids its weights learned
         base_metrics = evaluate_model(
-            model, datasets["heldout"], datasets["tasks"], training_args.per_device_eval_batch_size
+            model,
+            datasets["heldout"],
+            datasets["tasks"],
+            training_args.per_device_eval_batch_size,
+            heldout_bytes=datasets["heldout_bytes"],
         )
         set_seed(training_args.seed)
         base_name = hub_id or Path(args.base_model).resolve().name
@@ -285,7 +294,11 @@ def evaluate_and_merge(
     inputs = {key: torch.tensor(rows[key], device=device) for key in ("input_ids", "attention_mask")}
     difference = merged_logit_difference(peft_model, inputs)
     adapter_metrics = evaluate_model(
-        peft_model, datasets["heldout"], datasets["tasks"], training_args.per_device_eval_batch_size
+        peft_model,
+        datasets["heldout"],
+        datasets["tasks"],
+        training_args.per_device_eval_batch_size,
+        heldout_bytes=datasets["heldout_bytes"],
     )
     metrics = {**adapter_metrics, "merge_max_abs_logit_difference_float64": difference}
     output_dir = training_args.output_dir

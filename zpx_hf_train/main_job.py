@@ -37,6 +37,7 @@ from pathlib import Path
 from .cli import EXIT_USAGE, HELP_FLAGS, guarded, usage_text
 from .data import TASK_SPECS, DataArguments
 from .package_data import data_folder
+from .tokenizer import is_byte_tokenizer
 from .train import config_name, load_run_config, run_training
 
 DEFAULT_CONFIG = "zpx-tiny.yaml"  # in the shipped configs/ (`zpx_hf_train.package_data`), whatever the folder
@@ -98,7 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
     from transformers.utils import logging
 
-    from zpx_hf.tokenization_bytes import ids_to_text
     from zpx_hf_train.data_tasks import task_examples
 
     from .report import metrics_table, recall_table
@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[2/3] reloading {output_dir} with AutoModelForCausalLM(trust_remote_code=True) in a fresh Python")
     print("      where `import zpx_hf` is blocked: only the checkpoint's own code and files are used")
     mqar_params = TASK_SPECS["mqar"].params(run.args[DataArguments])
-    example = task_examples("mqar", 1, seed=12345, seq_len=None, **mqar_params)[0]
+    task_tokenizer = None if is_byte_tokenizer(tokenizer) else tokenizer  # as the training data was written
+    example = task_examples("mqar", 1, seed=12345, seq_len=None, tokenizer=task_tokenizer, **mqar_params)[0]
     first_answer = example["answer_mask"].index(1)
     recall_prompt = example["input_ids"][:first_answer]
     with tempfile.TemporaryDirectory() as tmp:
@@ -148,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     print("---- text (sampled, temperature 0.7, top-k 20) ----")
     print(reloaded["sample"])
     print("---- associative recall (greedy, one query) ----")
-    answer = ids_to_text([example["input_ids"][first_answer]])
-    print(f"{ids_to_text(recall_prompt)} -> model: {reloaded['recall']!r}, expected: {answer!r}")
+    answer = tokenizer.decode([example["input_ids"][first_answer]])
+    shown = tokenizer.decode(recall_prompt, skip_special_tokens=True)
+    print(f"{shown} -> model: {reloaded['recall']!r}, expected: {answer!r}")
 
     print("---- final metrics ----")
     print(metrics_table({"heldout": result["metrics"].get("heldout")}))

@@ -102,7 +102,8 @@ def metrics_table(metrics: Mapping[str, Any]) -> str:
     rows = ["| metric | value |", "|---|---|"]
     heldout = metrics.get("heldout")
     if heldout:
-        rows.append(f"| held-out perplexity (per byte) | {heldout['perplexity']:.3f} |")
+        unit = "per token" if "bytes" in heldout else "per byte"  # `bytes`: the tokenizer is not byte-level
+        rows.append(f"| held-out perplexity ({unit}) | {heldout['perplexity']:.3f} |")
         rows.append(f"| held-out bits per byte | {heldout['bits_per_byte']:.3f} |")
     for name, result in metrics.get("tasks", {}).items():
         rows.append(f"| {name} answer-token accuracy | {result['token_accuracy']:.3f} |")

@@ -20,11 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from .cli import cli_main
-from .config import ModelArguments, RunArguments, RunConfig, build_model_config, parse_config_file
+from .config import ConfigError, ModelArguments, RunArguments, RunConfig, build_model_config, parse_config_file
 from .data import DataArguments, build_datasets, dataset_tags, validate_data_args
 from .distributed import configure_launch, gather_objects, local_parameter_count
 from .job import open_run, publish, train_and_save
 from .report import card_data, model_card_template, render_model_card, write_report
+from .tokenizer import (
+    config_tokenizer,
+    describe_tokenizer,
+    fit_model_config,
+    parse_tokenizer_spec,
+    tokenizer_model_kwargs,
+)
 from .trainer import build_model, build_trainer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -44,8 +51,11 @@ def load_run_config(path: str, cli_args: Sequence[str] = ()) -> RunConfig:
     data = run[DataArguments]
     validate_data_args(path, data)
     model_args = run[ModelArguments]
+    spec = parse_tokenizer_spec(path, data.tokenizer)
+    tokenizer = config_tokenizer(path, spec, data.seq_len)  # None: trained on the corpus when the run starts
+    kwargs = tokenizer_model_kwargs(path, run.mappings["model"], spec, tokenizer)
     run.model_config = build_model_config(
-        path, model_args.model_type, run.mappings["model"], data.seq_len, model_args.attn_implementation
+        path, model_args.model_type, kwargs, data.seq_len, model_args.attn_implementation, tokenizer
     )
     return run
 
@@ -72,12 +82,13 @@ def run_training(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
     """
     from transformers import TrainingArguments, set_seed
 
-    from zpx_hf.tokenization_bytes import build_byte_tokenizer
-
     model_args, data, training_args = run[ModelArguments], run[DataArguments], run[TrainingArguments]
+    spec = parse_tokenizer_spec(run.path, data.tokenizer)
     with open_run(run, "zpx-train", run.model_config.model_type) as folders:
-        datasets = build_datasets(data)
-        tokenizer = build_byte_tokenizer(model_max_length=data.seq_len)
+        datasets = build_datasets(data, resumed_tokenizer(spec, folders.resume, data.seq_len))
+        tokenizer = datasets["tokenizer"]
+        if spec.kind == "train":  # its size is known now: the model follows it
+            fit_model_config(run.model_config, run.mappings["model"], tokenizer, spec.vocab_size)
         set_seed(training_args.seed)
         model = build_model(run.model_config, model_args.attn_implementation, run.mappings["model"].get("init_from"))
         trainer = build_trainer(model, tokenizer, training_args, datasets["train"], datasets["eval"], callbacks)
@@ -98,6 +109,25 @@ def run_training(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
     }
 
 
+def resumed_tokenizer(spec: Any, resume: Any, seq_len: int) -> Any:
+    """A resumed run's trained tokenizer: the one its checkpoint saved (never trained again, so the ids the
+    weights learned stay); None when there is nothing to resume or the tokenizer is not trained."""
+    if spec.kind != "train" or resume is None or resume.checkpoint is None:
+        return None
+    from transformers import AutoTokenizer
+
+    folder = Path(resume.checkpoint)
+    if not (folder / "tokenizer.json").is_file():
+        raise ConfigError(
+            f"key `training.resume_from_checkpoint`: {folder.name} holds no tokenizer.json, so the tokenizer this run "
+            "trained is lost; train into a new --output_dir."
+        )
+    print(f"data.tokenizer: reusing the tokenizer saved in {folder.name} (not trained again)", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.model_max_length = seq_len  # set after loading: as a keyword it would also reach the model's config
+    return tokenizer
+
+
 def evaluate_trained(
     run: RunConfig, trainer: Any, datasets: dict[str, Any], train_metrics: dict[str, Any], per_rank: list[int]
 ) -> tuple[Any, dict[str, Any]]:
@@ -115,7 +145,13 @@ def evaluate_trained(
     if run[RunArguments].inspect:
         inspect_checkpoint(output_dir)
     eval_started = time.time()
-    metrics = evaluate_model(model, datasets["heldout"], datasets["tasks"], training_args.per_device_eval_batch_size)
+    metrics = evaluate_model(
+        model,
+        datasets["heldout"],
+        datasets["tasks"],
+        training_args.per_device_eval_batch_size,
+        heldout_bytes=datasets["heldout_bytes"],
+    )
     num_params = sum(p.numel() for p in model.parameters())
     details = {
         "model_type": run.model_config.model_type,
@@ -162,6 +198,7 @@ def model_card(
         "model_name": name,
         "repo_id": training_args.hub_model_id or f"path/to/{name}",
         "config_file": config_name(run.path),
+        "tokenizer": describe_tokenizer(data, datasets["tokenizer"]),
         "config": {**model_section, "parameters": f"{num_params:,}"},
         "data_description": "\n".join(f"- {line}" for line in datasets["description"]),
         "training": details,
