@@ -41,9 +41,9 @@ class TokenizerSpec:
     (`algorithm` bpe/unigram, `vocab_size`, `min_frequency`)."""
 
     kind: str
-    source: str | None = None
-    algorithm: str | None = None
-    vocab_size: int | None = None
+    source: str = ""  # set for 'pretrained' (the parser refuses an empty one)
+    algorithm: str = ""  # set for 'train', as vocab_size (>= the byte symbols and specials)
+    vocab_size: int = 0
     min_frequency: int | None = None
 
 
