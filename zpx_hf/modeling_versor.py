@@ -435,7 +435,6 @@ class VersorDecoderLayer(GeometricDecoderLayer):
 class VersorPreTrainedModel(GeometricPreTrainedModel):
     config_class = VersorConfig
     _no_split_modules = ["VersorDecoderLayer"]
-    _supports_sdpa = True
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
