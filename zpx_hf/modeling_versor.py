@@ -8,10 +8,11 @@ between blocks and viewed as `[B, L, C, 32]` inside them. Blocks are the shared 
 
 with a grade-aware RMS norm, channel-mixing linear maps with one weight per grade (they commute with
 the grade projections), a scalar-gated MLP, and a mixer per layer: geometric product attention
-(`ops_gpa.py`) or the recursive rotor accumulator (`ops_rra.py`). Both dispatch on `attn_implementation`:
-`"eager"` runs the readable references (kernel "naive"), `"sdpa"` the fast paths (kernel "auto": Triton on
-CUDA, the PyTorch kernels "chunk" (GPA) and "scan" (RRA) elsewhere, RRA's "decode" step for one token); the
-ops entry points resolve it.
+(`ops_gpa.py`) or the recursive rotor accumulator (`ops_rra.py`). Both take their kernel from
+`attn_implementation` through the shared table (`modeling_common.ATTENTION_KERNELS`; GPA through
+`ALL_ATTENTION_FUNCTIONS`): `"eager"` runs the readable references (kernel "naive"), `"sdpa"` the fast paths
+(kernel "auto": Triton on CUDA, the PyTorch kernels "chunk" (GPA) and "scan" (RRA) elsewhere, RRA's "decode"
+step for one token); the ops entry points resolve it.
 `VersorCache` holds, per layer, the multivector keys/values of GPA layers and only the rotor state of RRA
 layers (O(1) per token).
 
@@ -29,44 +30,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin
-from transformers.modeling_utils import AttentionInterface
 
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, NUM_GRADES, conformal_algebra
 from .configuration_versor import VersorConfig
 from .modeling_blocks import derived_weight, hf_init, plain_tensor
 from .modeling_cache import GrowingRows
 from .modeling_common import (
+    ALL_ATTENTION_FUNCTIONS,
+    ATTENTION_KERNELS,
     ForCausalLMHead,
     ForSequenceClassificationHead,
     GeometricDecoderLayer,
     GeometricModel,
     GeometricPreTrainedModel,
     attention_implementation,
+    eager_attention_forward,
 )
 from .ops_common import constant_tables, upcast
 from .ops_gpa import geometric_product_attention, gpa_with_weights
 from .ops_rra import recursive_rotor_accumulator
-
-
-def gpa_eager(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, gamma: torch.Tensor, **kwargs: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The readable path (kernel "naive"); also returns the attention weights the output is computed from."""
-    return gpa_with_weights(query, key, value, gamma, **kwargs)
-
-
-def gpa_sdpa(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, gamma: torch.Tensor, **kwargs: Any
-) -> tuple[torch.Tensor, None]:
-    """The fast path: the ops entry resolves "auto" (Triton on CUDA, the O(L)-memory "chunk" kernel elsewhere)."""
-    return geometric_product_attention(query, key, value, gamma, kernel="auto", **kwargs), None
-
-
-# Model-local registry: "eager" falls back to the reference passed to `get_interface`.
-ALL_ATTENTION_FUNCTIONS = AttentionInterface()
-ALL_ATTENTION_FUNCTIONS["sdpa"] = gpa_sdpa
-# The rotor accumulator has no attention matrix; the same two names pick its kernel.
-RRA_KERNEL_BY_IMPLEMENTATION = {"eager": "naive", "sdpa": "auto"}
 
 
 class VersorCache:
@@ -262,6 +244,10 @@ class VersorNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(channels, NUM_GRADES))
         self.variance_epsilon = eps
 
+    @classmethod
+    def from_config(cls, config: VersorConfig) -> VersorNorm:
+        return cls(config.num_channels, eps=config.rms_norm_eps)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., 32 C] -> [..., 32 C], computed in at least float32."""
         input_dtype = x.dtype
@@ -338,22 +324,39 @@ class VersorGPA(nn.Module):
             key, value = past_key_values.update(key, value, self.layer_idx)
             document_ids = past_key_values.update_documents(document_ids, self.layer_idx, length)
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-            attention_implementation(self.config, output_attentions), gpa_eager
+            attention_implementation(self.config, output_attentions), eager_attention_forward
         )
         output, weights = attention_interface(
-            query,
-            key,
-            value,
-            self.gamma,
-            causal=self.is_causal,
-            key_padding_mask=padding_mask,
-            document_ids=document_ids,
-            scaling=self.scaling,
-            eps=self.config.gpa_eps,
-            bivector=self.config.gpa_bivector,
+            self, query, key, value, padding_mask, scaling=self.scaling, document_ids=document_ids
         )
         output = output.transpose(1, 2).reshape(batch, length, -1, NUM_BLADES)
         return self.o_proj(output).flatten(-2), weights, None
+
+    def attention_op(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None,
+        *,
+        kernel: str,
+        scaling: float,
+        document_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The op on multivector heads (q [B, H, Lq, 32 c], k and v [B, Hkv, Lk, 32 c]) with this layer's gamma:
+        kernel "naive" also returns the weights the output is computed from (`gpa_with_weights`), the others run
+        the entry (`ops_gpa.geometric_product_attention`) and return none."""
+        causal, eps, bivector = self.is_causal, self.config.gpa_eps, self.config.gpa_bivector
+        if kernel == "naive":
+            return gpa_with_weights(
+                query, key, value, self.gamma, causal=causal, key_padding_mask=key_padding_mask,
+                document_ids=document_ids, scaling=scaling, eps=eps, bivector=bivector,
+            )  # fmt: skip
+        output = geometric_product_attention(
+            query, key, value, self.gamma, causal=causal, key_padding_mask=key_padding_mask,
+            document_ids=document_ids, scaling=scaling, eps=eps, bivector=bivector, kernel=kernel,
+        )  # fmt: skip
+        return output, None
 
 
 class VersorRRA(nn.Module):
@@ -405,8 +408,8 @@ class VersorRRA(nn.Module):
             value,
             accumulate=self.config.rra_accumulate,
             initial=initial,
-            document_ids=None if document_ids is None else document_ids[:, -length:],
-            kernel=RRA_KERNEL_BY_IMPLEMENTATION[implementation],
+            document_ids=document_ids,  # the backbone's, this chunk's tokens [B, L], as computed
+            kernel=ATTENTION_KERNELS[implementation],  # no attention matrix: the same table picks its kernel
         )
         if past_key_values is not None:
             past_key_values.set_rotor(state, self.layer_idx, length)
@@ -422,19 +425,24 @@ _GENERATE_SIGNATURE = inspect.signature(GenerationMixin.generate)
 
 class VersorDecoderLayer(GeometricDecoderLayer):
     mixer_name = "mixer"
+    mlp_class = VersorMLP
+    norm_class = VersorNorm
 
     def __init__(self, config: VersorConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.mixer_type = config.layer_mixer(layer_idx)
-        self.mixer = VERSOR_MIXER_CLASSES[self.mixer_type](config, layer_idx)
-        self.mlp = VersorMLP(config)
-        self.input_layernorm = VersorNorm(config.num_channels, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = VersorNorm(config.num_channels, eps=config.rms_norm_eps)
+        super().__init__(config, layer_idx)
+        self.mixer_type = config.layer_mixer(layer_idx)  # "gpa" or "rra"
+
+    def mixer_class_for(self, config: VersorConfig, layer_idx: int) -> type[nn.Module]:
+        return VERSOR_MIXER_CLASSES[config.layer_mixer(layer_idx)]
 
 
 class VersorPreTrainedModel(GeometricPreTrainedModel):
     config_class = VersorConfig
     _no_split_modules = ["VersorDecoderLayer"]
+    softmax_engine_refusal = (
+        "Versor's GPA score adds the norm of a bivector (not a dot product) and RRA layers keep a recurrent rotor "
+        "state, not keys and values"
+    )
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -465,25 +473,14 @@ class VersorPreTrainedModel(GeometricPreTrainedModel):
 
 
 class VersorModel(GeometricModel, VersorPreTrainedModel):
-    """Shared backbone with multivector layers and the recurrent `VersorCache`."""
+    """Shared backbone with multivector layers and the recurrent `VersorCache`. No positional encoding
+    (`rotary="none"`): order enters through the causal mask and the rotor recursion."""
 
-    def __init__(self, config: VersorConfig) -> None:
-        super().__init__(config)
-        self.padding_idx = config.pad_token_id
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
-        self.layers = nn.ModuleList([VersorDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
-        self.norm = VersorNorm(config.num_channels, eps=config.rms_norm_eps)
-        self.feature_size = config.hidden_size  # 32 blades x channels, read by the heads
-        self.gradient_checkpointing = False
-        self.post_init()
+    decoder_layer_class = VersorDecoderLayer
+    norm_class = VersorNorm
 
     def new_cache(self) -> VersorCache:
         return VersorCache(self.config)
-
-    def position_embeddings(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> None:
-        """Versor has no positional encoding (order enters through the causal mask and the rotor recursion);
-        packed documents reach the mixers as the backbone's `document_ids`."""
-        return None
 
     def check_cache(self, cache: Any) -> None:
         if cache is not None and not isinstance(cache, VersorCache):
