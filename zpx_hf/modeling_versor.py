@@ -66,7 +66,9 @@ class VersorCache:
         self.keys: list[torch.Tensor | None] = [None] * len(self.mixers)
         self.values: list[torch.Tensor | None] = [None] * len(self.mixers)
         self.rotors: list[torch.Tensor | None] = [None] * len(self.mixers)
-        self.documents: list[torch.Tensor | None] = [None] * len(self.mixers)  # GPA keys' ids, packed rows only
+        # the cached tokens' document ids (packed rows only): one tensor for every GPA layer, whose keys are the
+        # same tokens
+        self.key_documents: torch.Tensor | None = None
         self.lengths = [0] * len(self.mixers)
         self.key_rows = [GrowingRows() for _ in self.mixers]
         self.value_rows = [GrowingRows() for _ in self.mixers]
@@ -93,20 +95,23 @@ class VersorCache:
         return key, value
 
     def update_documents(self, document_ids: torch.Tensor | None, layer_idx: int, length: int) -> torch.Tensor | None:
-        """Document ids [B, past + L] of a GPA layer's keys after `update` appended `length` tokens with ids
-        `document_ids` [B, L] (None: they continue each row's last document); None while every row is one
-        document. A chunk's id 0 continues the row's last cached document."""
-        past = self.documents[layer_idx]
-        if document_ids is None and past is None:
-            return None
-        past_length = self.lengths[layer_idx] - length
-        if past is None:  # the cached tokens so far: one document per row
-            device = document_ids.device
-            past = torch.zeros(document_ids.shape[0], past_length, dtype=torch.long, device=device)
+        """Document ids [B, past + L] of the GPA layers' keys once `update` appended `length` tokens with ids
+        `document_ids` [B, L] (the backbone's; None: they continue each row's last document); None while every row
+        is one document. The same for every GPA layer: the first of a forward extends them, the others read them.
+        A chunk's id 0 continues the row's last cached document."""
+        total = self.lengths[layer_idx]
+        past = self.key_documents
+        if past is not None and past.shape[1] == total:  # extended by an earlier GPA layer of this forward
+            return past
+        past_length = total - length
+        if past is None:  # the cached tokens so far: one document per row (None while this chunk is one too)
+            if document_ids is None:
+                return None
+            past = torch.zeros(document_ids.shape[0], past_length, dtype=torch.long, device=document_ids.device)
         last = past[:, -1:] if past_length else past.new_zeros(past.shape[0], 1)
         chunk = last.expand(-1, length) if document_ids is None else document_ids.to(past.device) + last
-        self.documents[layer_idx] = torch.cat((past, chunk), dim=1)
-        return self.documents[layer_idx]
+        self.key_documents = torch.cat((past, chunk), dim=1)
+        return self.key_documents
 
     def get_rotor(self, layer_idx: int) -> torch.Tensor | None:
         return self.rotors[layer_idx]
@@ -117,10 +122,12 @@ class VersorCache:
         self.lengths[layer_idx] += length
 
     def _map(self, fn) -> None:
-        for store in (self.keys, self.values, self.rotors, self.documents):
+        for store in (self.keys, self.values, self.rotors):
             for i, tensor in enumerate(store):
                 if tensor is not None:
                     store[i] = fn(tensor)
+        if self.key_documents is not None:
+            self.key_documents = fn(self.key_documents)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
