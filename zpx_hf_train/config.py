@@ -32,11 +32,9 @@ import yaml
 
 from zpx_hf.tokenization_bytes import VOCAB_SIZE
 
+from .distributed import configure_launch
+from .errors import ConfigError
 from .package_data import data_folder, shipped_configs
-
-
-class ConfigError(ValueError):
-    """A config file or command-line value is invalid; the message names the key and the fix."""
 
 
 @dataclass
@@ -287,8 +285,6 @@ def parse_config_file(
     dataclass, and each name in `mappings` is a free mapping returned as a dict (validated by the caller).
     """
     from transformers import HfArgumentParser, TrainingArguments
-
-    from .distributed import configure_launch
 
     path = resolve_config(path)
     raw = read_yaml(path)
