@@ -38,6 +38,8 @@ TINY_CONFIGS = {
     "versor-hybrid": dict(mixer="hybrid", hidden_size=128, intermediate_size=128, initializer_range=0.2),
 }
 TINY_VOCAB = 61
+# One case per family, for tests that need every family once (Versor: its hybrid of both mixers).
+FAMILY_CASES = ("zpx", "pct", "versor-hybrid")
 
 
 def make_tiny_config(case: str, **overrides):

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_tiny_config
+from conftest import FAMILY_CASES, make_tiny_config
 
 import zpx_hf
 from zpx_hf import ops_gpa_chunk, ops_pct_panel
 
-CASES = ("zpx", "pct", "versor-hybrid")
+CASES = FAMILY_CASES
 RUNS = [
     pytest.param(case, implementation, id=f"{case}-{implementation}")
     for case in CASES

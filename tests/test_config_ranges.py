@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_VOCAB, make_tiny_config
+from conftest import FAMILY_CASES, TINY_VOCAB, make_tiny_config
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import zpx_hf
@@ -21,7 +21,6 @@ from zpx_hf.configuration_versor import RRA_FULL_GROWTH_LIMIT, RRA_SCALE_LIMIT
 from zpx_hf.rotary_srpe import SpiralRotaryEmbedding
 
 FLOAT16_MAX = torch.finfo(torch.float16).max
-FAMILY_CASES = ["zpx", "pct", "versor-hybrid"]
 JUST_OUTSIDE = 1 + 1e-6
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_config
+from conftest import FAMILY_CASES, make_tiny_config
 from helpers_llama import tiny_llama_config
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
@@ -126,7 +126,6 @@ _RUN_COMMANDS = textwrap.dedent(
         cli_evaluate()
     """
 )
-FAMILY_CASES = ("zpx", "pct", "versor-hybrid")
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import TINY_CONFIGS, TINY_VOCAB, assert_close_eps, make_tiny_config
+from conftest import FAMILY_CASES, TINY_CONFIGS, TINY_VOCAB, assert_close_eps, make_tiny_config
 from helpers_remote import run_remote_code
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
@@ -17,7 +17,6 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceCl
 import zpx_hf
 
 CASES = list(TINY_CONFIGS)
-FAMILY_CASES = ["zpx", "pct", "versor-hybrid"]
 
 
 def causal_lm(case, implementation="sdpa", dtype=torch.float32, seed=0, **overrides):

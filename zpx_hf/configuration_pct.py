@@ -20,8 +20,9 @@ LEARNABLE_TAU_MODES = ("log_learnable", "learnable")
 DEFAULT_TAU = "log_learnable"
 DEFAULT_TAU_INIT = 5.0
 DEFAULT_TRAIN_CONTEXT_LENGTH = 512
-# 1: before issue 21 (tau "sqrt_d", b_h = -log(max_position_embeddings)); 2: "log_learnable" from tau 20 (its
-# configs omit `tau_init`); 3: the defaults above (from tau 5: 20 did not learn MQAR, docs/design.md §4.2).
+# 1: the first defaults, of configs saved before this field existed (tau "sqrt_d", b_h =
+# -log(max_position_embeddings)); 2: "log_learnable" from tau 20 (its configs omit `tau_init`); 3: the defaults
+# above (from tau 5: 20 did not learn MQAR, docs/design.md §4.2).
 DEFAULTS_VERSION = 3
 V2_TAU_INIT = 20.0
 
@@ -50,8 +51,9 @@ class PCTConfig(GeometricConfig):
             meant to run 8x past its training length then starts with gates 8x too small to learn.
         gate_bias_init: initial value of `b_h` in `sigmoid(s_ij + b_h)`, overriding `-log(train_context_length)`.
         defaults_version: which package defaults fill fields a config omits: 3 (current); 2 starts
-            `"log_learnable"` at 20; a saved config without it predates issue 21 and gets version 1's (tau
-            `"sqrt_d"`, n = max_position_embeddings), so an old checkpoint loads as the model it was.
+            `"log_learnable"` at 20; a saved config without it was written before the field existed and gets
+            version 1's (tau `"sqrt_d"`, n = max_position_embeddings), so an old checkpoint loads as the model it
+            was.
         qk_norm_eps: epsilon of the complex L2 normalisation of queries and keys.
         attention_bias: complex biases on the q/k/v/o projections.
         mlp_bias: complex biases in the feed-forward layer.
@@ -75,7 +77,7 @@ class PCTConfig(GeometricConfig):
         **kwargs: Any,
     ) -> None:
         if defaults_version is None:
-            # A saved config.json carries `transformers_version`; without `defaults_version` it predates issue 21.
+            # A saved config.json carries `transformers_version`; without `defaults_version` it predates the field (v1).
             defaults_version = 1 if "transformers_version" in kwargs else DEFAULTS_VERSION
         if defaults_version not in range(1, DEFAULTS_VERSION + 1):
             raise ValueError(

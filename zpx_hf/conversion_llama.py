@@ -184,7 +184,7 @@ def convert_llama_to_zpx(
     if output.exists() and (not output.is_dir() or any(output.iterdir())) and not overwrite:
         raise ConversionError(f"output {str(output)!r} exists and is not empty; choose another folder or overwrite.")
     if family != "zpx":
-        reason = REFUSED_TARGETS.get(family, f"family {family!r} is not one of zpx, pct, versor")
+        reason = REFUSED_TARGETS.get(family, f"{family!r} is not a family this package converts into")
         raise ConversionError(f"conversion into {family!r} is refused: {reason}; convert into 'zpx'.")
     source_config = AutoConfig.from_pretrained(source, local_files_only=True)
     config = zpx_config_from(source_config, phase_channels, learnable_lambdas)

@@ -53,6 +53,8 @@ NORMS = ("input_layernorm", "post_attention_layernorm", "norm")
 LLAMA = "llama"
 # model types whose VersorLinear layers get VersorLoraLinear without any user registration
 VERSOR_MODEL_TYPES = (VersorConfig.model_type,)
+# model types whose projections and norms carry Llama's names, so PEFT's Llama defaults apply as they are
+LLAMA_NAMED_MODEL_TYPES = (ZPXConfig.model_type,)
 
 
 def family_targets(model_type: str, llama_targets: list[str]) -> list[str] | None:
@@ -62,7 +64,7 @@ def family_targets(model_type: str, llama_targets: list[str]) -> list[str] | Non
     `imag` `nn.Linear`s (`ComplexLinear` hands them 3-D inputs, as a Llama linear gets), names PCT lacks (gate_proj)
     dropped. versor: norms only; its projections are `VersorLinear` (one weight per grade), which only LoRA adapts
     (`VersorLoraLinear`, registered separately), so a default naming a projection is not registered."""
-    if model_type == ZPXConfig.model_type:
+    if model_type in LLAMA_NAMED_MODEL_TYPES:
         return list(llama_targets)
     if model_type == PCTConfig.model_type:
         names = [f"{n}.{part}" for n in llama_targets if n in PCT_COMPLEX_LINEARS for part in ("real", "imag")]
@@ -382,7 +384,7 @@ def register() -> None:
             model_type, _refuse_prefix_tuning
         )
     for mapping in peft_default_mappings().values():
-        for model_type in (ZPXConfig.model_type, PCTConfig.model_type, *VERSOR_MODEL_TYPES):
+        for model_type in LORA_TARGET_MODULES:  # every family
             targets = family_targets(model_type, mapping[LLAMA])
             if targets is not None:
                 mapping.setdefault(model_type, targets)

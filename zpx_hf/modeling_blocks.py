@@ -129,6 +129,18 @@ def stacked_linear(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> torch.Ten
     return out.view(*x.shape[:-1], weight_t.shape[1])
 
 
+def module_from_config(module_class: type[nn.Module], config: Any) -> nn.Module:
+    """A module class a family declares (embedding, MLP, norm) built from the config: by its `from_config` where
+    it sizes itself from config fields (shared modules: `RMSNorm`, `SwiGLUMLP`), torch's `nn.Embedding` as the
+    token table [vocab_size, hidden_size] with the padding row, any other as `module_class(config)`."""
+    from_config = getattr(module_class, "from_config", None)
+    if from_config is not None:
+        return from_config(config)
+    if module_class is nn.Embedding:
+        return nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+    return module_class(config)
+
+
 class RMSNorm(nn.Module):
     """y = w * x / sqrt(mean(x^2) + eps), computed in float32 (Llama's RMSNorm)."""
 
@@ -136,6 +148,10 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.variance_epsilon = eps
+
+    @classmethod
+    def from_config(cls, config: Any) -> RMSNorm:
+        return cls(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         input_dtype = hidden_states.dtype
@@ -160,6 +176,10 @@ class SwiGLUMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+
+    @classmethod
+    def from_config(cls, config: Any) -> SwiGLUMLP:
+        return cls(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = kept_linear(x, (self.gate_proj, self.up_proj))  # decoding on CPU: one GEMM for both

@@ -1,16 +1,19 @@
-"""The decoder backbone and heads shared by the ZPX, PCT and Versor families.
+"""The decoder backbone and heads shared by every family (ZPX, PCT, Versor).
 
-A family contributes its config, its token mixer (attention or rotor accumulator), MLP and norms; this
-file holds what is the same for all three: the pre-norm decoder block, the backbone forward (inputs,
-cache, positions, padding, the layer loop, recorded outputs), the causal-LM and sequence-classification
-heads with transformers' own losses, and the attention-implementation rules (`"eager"` = the readable
-reference, `"sdpa"` = the fast path; one function on both).
+A family declares its pieces as class attributes and this file builds and runs them: the embedding, decoder
+layer and final-norm classes of its backbone (`GeometricModel`), the mixer, MLP and norm classes of its layer
+(`GeometricDecoderLayer`), the op its mixer calls (`attention_op`) and why softmax engines cannot compute it
+(`GeometricPreTrainedModel.softmax_engine_refusal`). Shared here: the pre-norm decoder block, the backbone
+forward (inputs, cache, positions, padding, packed documents found once, the layer loop, recorded outputs), the
+causal-LM and sequence-classification heads with transformers' own losses, and the one table from
+`attn_implementation` to kernel (`ATTENTION_KERNELS`, through the model-local `ALL_ATTENTION_FUNCTIONS`).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -23,6 +26,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutputWithPast,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as GLOBAL_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import AttentionInterface
 
 from .modeling_blocks import (
     CACHE_FIELD,
@@ -32,31 +36,69 @@ from .modeling_blocks import (
     hf_init,
     keep_derived_weights,
     kept_linear,
+    module_from_config,
     pool_last_token,
     pop_cache_kwarg,
 )
 from .modeling_cache import grow_dynamic_layers
 from .ops_common import document_ids_from_cu_seq_lens, document_ids_from_position_ids, document_positions
+from .rotary_srpe import build_rotary
 
 # Keyword arguments of padding-free collators (flash-attention's varlen form, TRL's `seq_idx`); the backbone
 # reads documents from `cu_seq_lens_*` and drops the rest (every mixer takes `document_ids` instead).
 PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
-# The attention implementations every family offers through `attn_implementation`.
-ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
-
-# Why softmax engines (flash_attention_*, flex_attention, paged attention, vLLM: implementations that compute
-# softmax(q.k * scale) v) cannot serve a family's mixer; ZPX is one (ops_zpx: softmax on q^ . k^), so it has none.
-SOFTMAX_ENGINE_REFUSALS = {
-    "pct": "PCT attention is a sigmoid gate sigmoid(tau Re<q, k> + b) with no softmax and no row normaliser",
-    "versor": "Versor's GPA score adds the norm of a bivector (not a dot product) and RRA layers keep a recurrent "
-    "rotor state, not keys and values",
-}
+# The one table from `attn_implementation` to the kernel a family's op entry runs, for every mixer: "eager" is the
+# readable reference ("naive", which materialises the weights, so it also serves `output_attentions=True`), "sdpa"
+# the fast path ("auto": Triton on CUDA, the memory-lean PyTorch kernels elsewhere, a decoding step for one token).
+ATTENTION_KERNELS = {"eager": "naive", "sdpa": "auto"}
+ATTENTION_IMPLEMENTATIONS = tuple(ATTENTION_KERNELS)
 
 
-def softmax_engine_refusal(model_type: str, implementation: str | None) -> str | None:
-    """The one-line refusal of `implementation` for a family no softmax engine can serve; None when it is allowed."""
-    reason = SOFTMAX_ENGINE_REFUSALS.get(model_type)
+class FamilyMixer(Protocol):
+    """A mixer whose op runs through `ALL_ATTENTION_FUNCTIONS`: `attention_op(q, k, v, key_padding_mask, *,
+    kernel, ...)` returns (output, weights or None); kernel "naive" materialises the weights."""
+
+    def attention_op(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None,
+        *,
+        kernel: str,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+
+def family_attention_forward(
+    module: FamilyMixer,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    kernel: str,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A family's own implementation in transformers' attention-function signature: its mixer's op
+    (`module.attention_op`) on q, k, v and the padding mask [B, Lk] bool (or None) with `kernel`; the mixer's
+    other keywords (scaling, documents, ...) pass through. Returns (output, weights or None)."""
+    return module.attention_op(query, key, value, attention_mask, kernel=kernel, **kwargs)
+
+
+# Model-local registry (transformers' AttentionInterface, as Llama's modeling file reads the global one): "eager"
+# is the default handed to `get_interface`, "sdpa" overrides the global SDPA; every other name (flash, flex,
+# paged, a serving engine's) reads the global registry, reached only by mixers that hand engines their inputs.
+eager_attention_forward = functools.partial(family_attention_forward, kernel=ATTENTION_KERNELS["eager"])
+ALL_ATTENTION_FUNCTIONS = AttentionInterface()
+ALL_ATTENTION_FUNCTIONS["sdpa"] = functools.partial(family_attention_forward, kernel=ATTENTION_KERNELS["sdpa"])
+
+
+def softmax_engine_refusal(model: GeometricPreTrainedModel, implementation: str | None) -> str | None:
+    """The one-line refusal of `implementation` for a model whose family says why no softmax engine computes it
+    (`softmax_engine_refusal`); None when it is allowed."""
+    reason = type(model).softmax_engine_refusal
     if reason is None or implementation is None or implementation in ATTENTION_IMPLEMENTATIONS:
         return None
     # only names that are softmax engines (registered globally, flash / flex / paged, or a hub kernel "org/name");
@@ -66,20 +108,22 @@ def softmax_engine_refusal(model_type: str, implementation: str | None) -> str |
             or "/" in engine):  # fmt: skip
         return None
     return (
-        f"`attn_implementation`={implementation!r} is refused for {model_type}: {reason}, so a softmax attention "
-        "kernel (flash_attention_*, flex_attention, paged attention, vLLM) computes another function; use 'eager' "
-        "or 'sdpa'."
+        f"`attn_implementation`={implementation!r} is refused for {model.config.model_type}: {reason}, "
+        "so a softmax attention kernel (flash_attention_*, flex_attention, paged attention, vLLM) computes another "
+        "function; use 'eager' or 'sdpa'."
     )
 
 
-def attention_implementation(config: Any, output_attentions: bool = False) -> str:
-    """The implementation a mixer runs: the config's, or `"eager"` when attention weights are asked for
-    (both compute the same function; only the reference materialises the weights)."""
+def attention_implementation(config: Any, output_attentions: bool = False, engines: bool = False) -> str:
+    """The implementation a mixer runs: the config's, or `"eager"` when attention weights are asked for (both
+    compute the same function; only the reference materialises the weights). A softmax engine's name
+    (transformers' global AttentionInterface: flash, flex, paged, or one a serving engine registers) only for a
+    mixer that hands engines its inputs (`engines`, ZPX's), and not with `output_attentions`."""
     implementation = config._attn_implementation or "sdpa"
-    refusal = softmax_engine_refusal(config.model_type, implementation)
-    if refusal is not None:
-        raise ValueError(refusal)
-    if implementation not in ATTENTION_IMPLEMENTATIONS:
+    if engines and not output_attentions and implementation not in ATTENTION_KERNELS:
+        if implementation in GLOBAL_ATTENTION_FUNCTIONS:
+            return implementation
+    if implementation not in ATTENTION_KERNELS:
         raise ValueError(
             f"`attn_implementation`={implementation!r} is not available for {config.model_type}: use 'eager' "
             "(the readable reference) or 'sdpa' (the fast path: Triton on CUDA, the memory-lean PyTorch path on CPU)."
@@ -178,6 +222,10 @@ class GeometricPreTrainedModel(PreTrainedModel):
     # Flash / flex kernels compute plain softmax attention: a different function, so they are refused.
     _supports_flash_attn = False
     _supports_flex_attn = False
+    # Why softmax engines (flash_attention_*, flex_attention, paged attention, vLLM: implementations that compute
+    # softmax(q.k * scale) v) cannot compute this family's mixers, as a clause of the refusal; None where its
+    # mixers hand engines inputs whose softmax attention is the family's function (ZPX: q^, k^, v).
+    softmax_engine_refusal: str | None = None
 
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         # Fields assigned after the config was built were checked one by one; how they combine is checked
@@ -198,7 +246,7 @@ class GeometricPreTrainedModel(PreTrainedModel):
 
     def get_correct_attn_implementation(self, requested_attention: str | None, *args: Any, **kwargs: Any) -> str:
         # refused by name when it is set (from_pretrained, set_attn_implementation), before any forward
-        refusal = softmax_engine_refusal(self.config.model_type, requested_attention)
+        refusal = softmax_engine_refusal(self, requested_attention)
         if refusal is not None:
             raise ValueError(refusal)
         return super().get_correct_attn_implementation(requested_attention, *args, **kwargs)
@@ -231,13 +279,28 @@ class GeometricPreTrainedModel(PreTrainedModel):
 class GeometricDecoderLayer(GradientCheckpointingLayer):
     """Pre-norm block:  h = h + mixer(norm_1(h));  h = h + mlp(norm_2(h)).
 
-    A family's layer builds `input_layernorm`, `post_attention_layernorm`, `mlp` and its mixer, and names
-    the mixer's attribute in `mixer_name` (ZPX and PCT: `self_attn`; Versor: `mixer`, the names its
-    checkpoints hold). The mixer returns `(output, attention weights or None, per-layer extra or None)`;
-    packed rows add `document_ids` [B, L] (passed only when given).
+    A family's layer declares `mixer_class` (built as `mixer_class(config, layer_idx)`; `mixer_class_for` picks
+    per layer where a family mixes kinds), `mlp_class` and `norm_class` (built by `module_from_config`), and
+    names the mixer's attribute in `mixer_name` (ZPX and PCT: `self_attn`; Versor: `mixer`, the names its
+    checkpoints hold). The mixer returns `(output, attention weights or None, per-layer extra or None)`; packed
+    rows add `document_ids` [B, L] (passed only when given).
     """
 
     mixer_name = "self_attn"
+    mixer_class: type[nn.Module]
+    mlp_class: type[nn.Module]
+    norm_class: type[nn.Module]
+
+    def __init__(self, config: Any, layer_idx: int) -> None:
+        super().__init__()
+        setattr(self, self.mixer_name, self.mixer_class_for(config, layer_idx)(config, layer_idx))
+        self.mlp = module_from_config(self.mlp_class, config)
+        self.input_layernorm = module_from_config(self.norm_class, config)
+        self.post_attention_layernorm = module_from_config(self.norm_class, config)
+
+    def mixer_class_for(self, config: Any, layer_idx: int) -> type[nn.Module]:
+        """The mixer class of layer `layer_idx` (`mixer_class` for every layer by default)."""
+        return self.mixer_class
 
     def forward(
         self,
@@ -270,12 +333,28 @@ class GeometricDecoderLayer(GradientCheckpointingLayer):
 class GeometricModel(GeometricPreTrainedModel):
     """The backbone every family shares: embeddings -> decoder layers -> final norm.
 
-    A family's `__init__` sets `embed_tokens`, `layers`, `norm`, `feature_size` (real features per token
-    read by the heads) and may override `new_cache`, `check_cache`, `position_embeddings` and
+    A family declares `embedding_class`, `decoder_layer_class` (built as `decoder_layer_class(config,
+    layer_idx)`) and `norm_class` (the others by `module_from_config`); the rotary table comes from the config
+    (`build_rotary`, None for `rotary="none"`). `feature_size` is the real features per token the heads read
+    (`hidden_size`). A family may override `new_cache`, `check_cache`, `position_embeddings` and
     `extra_outputs` (outputs beyond HF's, e.g. ZPX's phases).
     """
 
     output_class: type = BaseModelOutputWithPast
+    embedding_class: type[nn.Module] = nn.Embedding
+    decoder_layer_class: type[nn.Module]
+    norm_class: type[nn.Module] = RMSNorm
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.padding_idx = config.pad_token_id
+        self.embed_tokens = module_from_config(self.embedding_class, config)
+        self.layers = nn.ModuleList([self.decoder_layer_class(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = module_from_config(self.norm_class, config)
+        self.rotary_emb = build_rotary(config)
+        self.feature_size = config.hidden_size
+        self.gradient_checkpointing = False
+        self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:
         return self.embed_tokens
@@ -293,8 +372,8 @@ class GeometricModel(GeometricPreTrainedModel):
         """Raise on a cache this family cannot continue from."""
 
     def position_embeddings(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> Any:
-        """Per-token position tables for the mixers (none by default)."""
-        return None
+        """Per-token position tables for the mixers: the rotary module's (cos, sin), None without one."""
+        return self.rotary_emb(inputs_embeds, position_ids) if self.rotary_emb is not None else None
 
     def extra_outputs(self, extras: list[Any], token_mask: torch.Tensor | None, **kwargs: Any) -> dict[str, Any]:
         """Fields added to the output from the mixers' per-layer extras (none by default); `document_ids` [B, L]
@@ -321,6 +400,9 @@ class GeometricModel(GeometricPreTrainedModel):
     ) -> Any:
         past_key_values = pop_cache_kwarg(past_key_values, kwargs)
         packing = {key: kwargs.pop(key) for key in PACKING_KWARGS if key in kwargs}
+        refusal = softmax_engine_refusal(self, self.config._attn_implementation)
+        if refusal is not None:  # set past transformers' checks (`get_correct_attn_implementation`)
+            raise ValueError(refusal)
         output_attentions, output_hidden_states, return_dict, use_cache = resolve_forward_flags(
             self, output_attentions, output_hidden_states, return_dict, use_cache
         )
@@ -614,8 +696,13 @@ class ForSequenceClassificationHead:
 
 
 __all__ = [
+    "ALL_ATTENTION_FUNCTIONS",
     "ATTENTION_IMPLEMENTATIONS",
+    "ATTENTION_KERNELS",
     "attention_implementation",
+    "eager_attention_forward",
+    "family_attention_forward",
+    "softmax_engine_refusal",
     "resolve_forward_flags",
     "trim_static_cache",
     "packed_document_ids",

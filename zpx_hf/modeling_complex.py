@@ -15,6 +15,8 @@ avoided on purpose: they break bf16, autocast, SDPA and `torch.compile`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -201,6 +203,11 @@ class ComplexEmbedding(nn.Embedding):
         super().__init__(num_embeddings, 2 * complex_dim, padding_idx=padding_idx)
         self.complex_dim = complex_dim
 
+    @classmethod
+    def from_config(cls, config: Any) -> ComplexEmbedding:
+        """The token table of a PCT config: `hidden_size / 2` complex features per token."""
+        return cls(config.vocab_size, config.complex_hidden_size, config.pad_token_id)
+
 
 class ComplexRMSNorm(nn.Module):
     """z_m -> w_m z_m / sqrt(mean_m |z_m|^2 + eps), computed in at least float32; w real, so phases
@@ -210,6 +217,10 @@ class ComplexRMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(complex_dim))
         self.variance_epsilon = eps
+
+    @classmethod
+    def from_config(cls, config: Any) -> ComplexRMSNorm:
+        return cls(config.complex_hidden_size, eps=config.rms_norm_eps)
 
     def gain(self, dtype: torch.dtype) -> torch.Tensor:
         """[w | w] / sqrt(2) in `dtype`, built on every call or once per `generate` call (`derived_weight`)."""

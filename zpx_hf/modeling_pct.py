@@ -16,9 +16,10 @@ Attention per head, complex head dim d = head_dim / 2:
 The KV cache stores k' (normalised and rotated) and v, both [re | im]. The LM head and the
 sequence-classification head are real linear maps on `[re | im]` (with tied embeddings the logit
 of token v is Re sum_m conj(e_vm) z_m). Backbone and heads are the shared ones of `modeling_common.py`;
-attention runs through the model-local `ALL_ATTENTION_FUNCTIONS` into the op's one entry (`ops_pct.py`):
-`"eager"` materialises the gates (`pct_attention_weights`), `"sdpa"` runs `pct_attention(kernel="auto")`
-(Triton on CUDA, the memory-lean PyTorch path or its one-token step elsewhere).
+attention runs through the shared `ALL_ATTENTION_FUNCTIONS` (`modeling_common.ATTENTION_KERNELS`) into the op's
+one entry (`ops_pct.py`, `PCTAttention.attention_op`): `"eager"` materialises the gates (`pct_attention_weights`),
+`"sdpa"` runs `pct_attention(kernel="auto")` (Triton on CUDA, the memory-lean PyTorch path or its one-token step
+elsewhere).
 """
 
 from __future__ import annotations
@@ -30,24 +31,24 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache
-from transformers.modeling_utils import AttentionInterface
 
 from .configuration_common import LOGIT_SCALE_LIMIT
 from .configuration_pct import PCTConfig
 from .modeling_blocks import hf_init, init_bias_log_context
 from .modeling_common import (
+    ALL_ATTENTION_FUNCTIONS,
     ForCausalLMHead,
     ForSequenceClassificationHead,
     GeometricDecoderLayer,
     GeometricModel,
     GeometricPreTrainedModel,
     attention_implementation,
+    eager_attention_forward,
     trim_static_cache,
 )
 from .modeling_complex import ComplexEmbedding, ComplexLinear, ComplexRMSNorm, ModReLU, complex_linear
 from .ops_common import autocast_off, upcast
 from .ops_pct import pct_attention, pct_attention_weights
-from .rotary_srpe import build_rotary
 
 
 def pct_attention_eager(
@@ -72,38 +73,6 @@ def pct_attention_eager(
     with autocast_off(query):  # grouped: each key-value head's values serve its query heads' rows [group * Lq]
         output = weights.view(batch, key_heads, -1, l_k) @ value.to(weights.dtype)
     return output.view(batch, heads, l_q, -1).to(query.dtype), weights
-
-
-def pct_attention_sdpa(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    tau: torch.Tensor | float,
-    bias: torch.Tensor,
-    *,
-    causal: bool,
-    key_padding_mask: torch.Tensor | None,
-    document_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, None]:
-    """The fast path, the entry's "auto" choice (Triton on CUDA, else the panel path or, for one query row, the
-    decoding step); no L x L tensor."""
-    output = pct_attention(
-        query,
-        key,
-        value,
-        tau,
-        bias,
-        causal=causal,
-        key_padding_mask=key_padding_mask,
-        document_ids=document_ids,
-        kernel="auto",
-    )
-    return output, None
-
-
-# Model-local registry: "eager" falls back to the reference passed to `get_interface`.
-ALL_ATTENTION_FUNCTIONS = AttentionInterface()
-ALL_ATTENTION_FUNCTIONS["sdpa"] = pct_attention_sdpa
 
 
 def rotation_tables(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -303,20 +272,35 @@ class PCTAttention(nn.Module):
             key, value = trim_static_cache(key, value, kv_length)
 
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-            attention_implementation(self.config, output_attentions), pct_attention_eager
+            attention_implementation(self.config, output_attentions), eager_attention_forward
         )
         # Sigmoid gates have no normaliser: padded keys are dropped per pair (exactly 0), no 4-D mask needed.
-        output, weights = attention_interface(
-            query,
-            key,
-            value,
-            self.temperature(),
-            self.gate_bias,
-            causal=self.is_causal,
-            key_padding_mask=padding_mask,
-            document_ids=document_ids,
-        )
+        output, weights = attention_interface(self, query, key, value, padding_mask, document_ids=document_ids)
         return self.o_proj(self._merge_heads(output)), weights, None
+
+    def attention_op(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None,
+        *,
+        kernel: str,
+        document_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The op on normalised, rotated q [B, H, Lq, 2d], k and v [B, Hkv, Lk, 2d] with this layer's tau and
+        b_h: kernel "naive" materialises the gates and returns them (`pct_attention_eager`), the others run the
+        entry (`ops_pct.pct_attention`) and return no weights."""
+        tau, bias, causal, documents = self.temperature(), self.gate_bias, self.is_causal, document_ids
+        if kernel == "naive":
+            return pct_attention_eager(
+                query, key, value, tau, bias, causal=causal, key_padding_mask=key_padding_mask, document_ids=documents
+            )
+        output = pct_attention(
+            query, key, value, tau, bias, causal=causal, key_padding_mask=key_padding_mask, document_ids=documents,
+            kernel=kernel,
+        )  # fmt: skip
+        return output, None
 
 
 class PCTMLP(nn.Module):
@@ -334,17 +318,17 @@ class PCTMLP(nn.Module):
 
 
 class PCTDecoderLayer(GeometricDecoderLayer):
-    def __init__(self, config: PCTConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.self_attn = PCTAttention(config, layer_idx)
-        self.mlp = PCTMLP(config)
-        self.input_layernorm = ComplexRMSNorm(config.complex_hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = ComplexRMSNorm(config.complex_hidden_size, eps=config.rms_norm_eps)
+    mixer_class = PCTAttention
+    mlp_class = PCTMLP
+    norm_class = ComplexRMSNorm
 
 
 class PCTPreTrainedModel(GeometricPreTrainedModel):
     config_class = PCTConfig
     _no_split_modules = ["PCTDecoderLayer"]
+    softmax_engine_refusal = (
+        "PCT attention is a sigmoid gate sigmoid(tau Re<q, k> + b) with no softmax and no row normaliser"
+    )
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -366,19 +350,12 @@ class PCTPreTrainedModel(GeometricPreTrainedModel):
 
 
 class PCTModel(GeometricModel, PCTPreTrainedModel):
-    """Shared backbone with complex layers; `inputs_embeds`, when given, are [B, L, hidden_size] ([re | im])."""
+    """Shared backbone with complex layers; `inputs_embeds`, when given, are [B, L, hidden_size] ([re | im]).
+    One rotary pair per complex feature (`config.rotary_dim` = head_dim = 2d real features)."""
 
-    def __init__(self, config: PCTConfig) -> None:
-        super().__init__(config)
-        self.padding_idx = config.pad_token_id
-        self.embed_tokens = ComplexEmbedding(config.vocab_size, config.complex_hidden_size, self.padding_idx)
-        self.layers = nn.ModuleList([PCTDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
-        self.norm = ComplexRMSNorm(config.complex_hidden_size, eps=config.rms_norm_eps)
-        self.feature_size = config.hidden_size  # real features per token read by the heads: [re | im]
-        # One rotary pair per complex feature (`config.rotary_dim` = head_dim = 2d real features).
-        self.rotary_emb = build_rotary(config)
-        self.gradient_checkpointing = False
-        self.post_init()
+    embedding_class = ComplexEmbedding
+    decoder_layer_class = PCTDecoderLayer
+    norm_class = ComplexRMSNorm
 
     def position_embeddings(
         self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor

@@ -8,10 +8,11 @@ between blocks and viewed as `[B, L, C, 32]` inside them. Blocks are the shared 
 
 with a grade-aware RMS norm, channel-mixing linear maps with one weight per grade (they commute with
 the grade projections), a scalar-gated MLP, and a mixer per layer: geometric product attention
-(`ops_gpa.py`) or the recursive rotor accumulator (`ops_rra.py`). Both dispatch on `attn_implementation`:
-`"eager"` runs the readable references (kernel "naive"), `"sdpa"` the fast paths (kernel "auto": Triton on
-CUDA, the PyTorch kernels "chunk" (GPA) and "scan" (RRA) elsewhere, RRA's "decode" step for one token); the
-ops entry points resolve it.
+(`ops_gpa.py`) or the recursive rotor accumulator (`ops_rra.py`). Both take their kernel from
+`attn_implementation` through the shared table (`modeling_common.ATTENTION_KERNELS`; GPA through
+`ALL_ATTENTION_FUNCTIONS`): `"eager"` runs the readable references (kernel "naive"), `"sdpa"` the fast paths
+(kernel "auto": Triton on CUDA, the PyTorch kernels "chunk" (GPA) and "scan" (RRA) elsewhere, RRA's "decode"
+step for one token); the ops entry points resolve it.
 `VersorCache` holds, per layer, the multivector keys/values of GPA layers and only the rotor state of RRA
 layers (O(1) per token).
 
@@ -29,44 +30,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin
-from transformers.modeling_utils import AttentionInterface
 
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, NUM_GRADES, conformal_algebra
 from .configuration_versor import VersorConfig
 from .modeling_blocks import derived_weight, hf_init, plain_tensor
 from .modeling_cache import GrowingRows
 from .modeling_common import (
+    ALL_ATTENTION_FUNCTIONS,
+    ATTENTION_KERNELS,
     ForCausalLMHead,
     ForSequenceClassificationHead,
     GeometricDecoderLayer,
     GeometricModel,
     GeometricPreTrainedModel,
     attention_implementation,
+    eager_attention_forward,
 )
 from .ops_common import constant_tables, upcast
 from .ops_gpa import geometric_product_attention, gpa_with_weights
 from .ops_rra import recursive_rotor_accumulator
-
-
-def gpa_eager(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, gamma: torch.Tensor, **kwargs: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The readable path (kernel "naive"); also returns the attention weights the output is computed from."""
-    return gpa_with_weights(query, key, value, gamma, **kwargs)
-
-
-def gpa_sdpa(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, gamma: torch.Tensor, **kwargs: Any
-) -> tuple[torch.Tensor, None]:
-    """The fast path: the ops entry resolves "auto" (Triton on CUDA, the O(L)-memory "chunk" kernel elsewhere)."""
-    return geometric_product_attention(query, key, value, gamma, kernel="auto", **kwargs), None
-
-
-# Model-local registry: "eager" falls back to the reference passed to `get_interface`.
-ALL_ATTENTION_FUNCTIONS = AttentionInterface()
-ALL_ATTENTION_FUNCTIONS["sdpa"] = gpa_sdpa
-# The rotor accumulator has no attention matrix; the same two names pick its kernel.
-RRA_KERNEL_BY_IMPLEMENTATION = {"eager": "naive", "sdpa": "auto"}
 
 
 class VersorCache:
@@ -84,7 +66,9 @@ class VersorCache:
         self.keys: list[torch.Tensor | None] = [None] * len(self.mixers)
         self.values: list[torch.Tensor | None] = [None] * len(self.mixers)
         self.rotors: list[torch.Tensor | None] = [None] * len(self.mixers)
-        self.documents: list[torch.Tensor | None] = [None] * len(self.mixers)  # GPA keys' ids, packed rows only
+        # the cached tokens' document ids (packed rows only): one tensor for every GPA layer, whose keys are the
+        # same tokens
+        self.key_documents: torch.Tensor | None = None
         self.lengths = [0] * len(self.mixers)
         self.key_rows = [GrowingRows() for _ in self.mixers]
         self.value_rows = [GrowingRows() for _ in self.mixers]
@@ -111,20 +95,23 @@ class VersorCache:
         return key, value
 
     def update_documents(self, document_ids: torch.Tensor | None, layer_idx: int, length: int) -> torch.Tensor | None:
-        """Document ids [B, past + L] of a GPA layer's keys after `update` appended `length` tokens with ids
-        `document_ids` [B, L] (None: they continue each row's last document); None while every row is one
-        document. A chunk's id 0 continues the row's last cached document."""
-        past = self.documents[layer_idx]
-        if document_ids is None and past is None:
-            return None
-        past_length = self.lengths[layer_idx] - length
-        if past is None:  # the cached tokens so far: one document per row
-            device = document_ids.device
-            past = torch.zeros(document_ids.shape[0], past_length, dtype=torch.long, device=device)
+        """Document ids [B, past + L] of the GPA layers' keys once `update` appended `length` tokens with ids
+        `document_ids` [B, L] (the backbone's; None: they continue each row's last document); None while every row
+        is one document. The same for every GPA layer: the first of a forward extends them, the others read them.
+        A chunk's id 0 continues the row's last cached document."""
+        total = self.lengths[layer_idx]
+        past = self.key_documents
+        if past is not None and past.shape[1] == total:  # extended by an earlier GPA layer of this forward
+            return past
+        past_length = total - length
+        if past is None:  # the cached tokens so far: one document per row (None while this chunk is one too)
+            if document_ids is None:
+                return None
+            past = torch.zeros(document_ids.shape[0], past_length, dtype=torch.long, device=document_ids.device)
         last = past[:, -1:] if past_length else past.new_zeros(past.shape[0], 1)
         chunk = last.expand(-1, length) if document_ids is None else document_ids.to(past.device) + last
-        self.documents[layer_idx] = torch.cat((past, chunk), dim=1)
-        return self.documents[layer_idx]
+        self.key_documents = torch.cat((past, chunk), dim=1)
+        return self.key_documents
 
     def get_rotor(self, layer_idx: int) -> torch.Tensor | None:
         return self.rotors[layer_idx]
@@ -135,10 +122,12 @@ class VersorCache:
         self.lengths[layer_idx] += length
 
     def _map(self, fn) -> None:
-        for store in (self.keys, self.values, self.rotors, self.documents):
+        for store in (self.keys, self.values, self.rotors):
             for i, tensor in enumerate(store):
                 if tensor is not None:
                     store[i] = fn(tensor)
+        if self.key_documents is not None:
+            self.key_documents = fn(self.key_documents)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -262,6 +251,10 @@ class VersorNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(channels, NUM_GRADES))
         self.variance_epsilon = eps
 
+    @classmethod
+    def from_config(cls, config: VersorConfig) -> VersorNorm:
+        return cls(config.num_channels, eps=config.rms_norm_eps)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., 32 C] -> [..., 32 C], computed in at least float32."""
         input_dtype = x.dtype
@@ -338,22 +331,39 @@ class VersorGPA(nn.Module):
             key, value = past_key_values.update(key, value, self.layer_idx)
             document_ids = past_key_values.update_documents(document_ids, self.layer_idx, length)
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-            attention_implementation(self.config, output_attentions), gpa_eager
+            attention_implementation(self.config, output_attentions), eager_attention_forward
         )
         output, weights = attention_interface(
-            query,
-            key,
-            value,
-            self.gamma,
-            causal=self.is_causal,
-            key_padding_mask=padding_mask,
-            document_ids=document_ids,
-            scaling=self.scaling,
-            eps=self.config.gpa_eps,
-            bivector=self.config.gpa_bivector,
+            self, query, key, value, padding_mask, scaling=self.scaling, document_ids=document_ids
         )
         output = output.transpose(1, 2).reshape(batch, length, -1, NUM_BLADES)
         return self.o_proj(output).flatten(-2), weights, None
+
+    def attention_op(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None,
+        *,
+        kernel: str,
+        scaling: float,
+        document_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The op on multivector heads (q [B, H, Lq, 32 c], k and v [B, Hkv, Lk, 32 c]) with this layer's gamma:
+        kernel "naive" also returns the weights the output is computed from (`gpa_with_weights`), the others run
+        the entry (`ops_gpa.geometric_product_attention`) and return none."""
+        causal, eps, bivector = self.is_causal, self.config.gpa_eps, self.config.gpa_bivector
+        if kernel == "naive":
+            return gpa_with_weights(
+                query, key, value, self.gamma, causal=causal, key_padding_mask=key_padding_mask,
+                document_ids=document_ids, scaling=scaling, eps=eps, bivector=bivector,
+            )  # fmt: skip
+        output = geometric_product_attention(
+            query, key, value, self.gamma, causal=causal, key_padding_mask=key_padding_mask,
+            document_ids=document_ids, scaling=scaling, eps=eps, bivector=bivector, kernel=kernel,
+        )  # fmt: skip
+        return output, None
 
 
 class VersorRRA(nn.Module):
@@ -405,8 +415,8 @@ class VersorRRA(nn.Module):
             value,
             accumulate=self.config.rra_accumulate,
             initial=initial,
-            document_ids=None if document_ids is None else document_ids[:, -length:],
-            kernel=RRA_KERNEL_BY_IMPLEMENTATION[implementation],
+            document_ids=document_ids,  # the backbone's, this chunk's tokens [B, L], as computed
+            kernel=ATTENTION_KERNELS[implementation],  # no attention matrix: the same table picks its kernel
         )
         if past_key_values is not None:
             past_key_values.set_rotor(state, self.layer_idx, length)
@@ -422,20 +432,24 @@ _GENERATE_SIGNATURE = inspect.signature(GenerationMixin.generate)
 
 class VersorDecoderLayer(GeometricDecoderLayer):
     mixer_name = "mixer"
+    mlp_class = VersorMLP
+    norm_class = VersorNorm
 
     def __init__(self, config: VersorConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.mixer_type = config.layer_mixer(layer_idx)
-        self.mixer = VERSOR_MIXER_CLASSES[self.mixer_type](config, layer_idx)
-        self.mlp = VersorMLP(config)
-        self.input_layernorm = VersorNorm(config.num_channels, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = VersorNorm(config.num_channels, eps=config.rms_norm_eps)
+        super().__init__(config, layer_idx)
+        self.mixer_type = config.layer_mixer(layer_idx)  # "gpa" or "rra"
+
+    def mixer_class_for(self, config: VersorConfig, layer_idx: int) -> type[nn.Module]:
+        return VERSOR_MIXER_CLASSES[config.layer_mixer(layer_idx)]
 
 
 class VersorPreTrainedModel(GeometricPreTrainedModel):
     config_class = VersorConfig
     _no_split_modules = ["VersorDecoderLayer"]
-    _supports_sdpa = True
+    softmax_engine_refusal = (
+        "Versor's GPA score adds the norm of a bivector (not a dot product) and RRA layers keep a recurrent rotor "
+        "state, not keys and values"
+    )
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -466,25 +480,14 @@ class VersorPreTrainedModel(GeometricPreTrainedModel):
 
 
 class VersorModel(GeometricModel, VersorPreTrainedModel):
-    """Shared backbone with multivector layers and the recurrent `VersorCache`."""
+    """Shared backbone with multivector layers and the recurrent `VersorCache`. No positional encoding
+    (`rotary="none"`): order enters through the causal mask and the rotor recursion."""
 
-    def __init__(self, config: VersorConfig) -> None:
-        super().__init__(config)
-        self.padding_idx = config.pad_token_id
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
-        self.layers = nn.ModuleList([VersorDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
-        self.norm = VersorNorm(config.num_channels, eps=config.rms_norm_eps)
-        self.feature_size = config.hidden_size  # 32 blades x channels, read by the heads
-        self.gradient_checkpointing = False
-        self.post_init()
+    decoder_layer_class = VersorDecoderLayer
+    norm_class = VersorNorm
 
     def new_cache(self) -> VersorCache:
         return VersorCache(self.config)
-
-    def position_embeddings(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> None:
-        """Versor has no positional encoding (order enters through the causal mask and the rotor recursion);
-        packed documents reach the mixers as the backbone's `document_ids`."""
-        return None
 
     def check_cache(self, cache: Any) -> None:
         if cache is not None and not isinstance(cache, VersorCache):

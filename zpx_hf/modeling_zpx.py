@@ -2,14 +2,14 @@
 
 The family contributes its config, `ZPXAttention` (phase encoder + angle-sphere attention) and its
 outputs (`phases`, `center_loss`); the backbone and heads are the shared ones of `modeling_common.py`.
-Attention runs through the model-local `ALL_ATTENTION_FUNCTIONS` into the op's one entry `ops_zpx.zpx_attention`:
-`"eager"` runs its `naive` kernel (the term-by-term formula), `"sdpa"` its `"auto"` choice (the exact
-augmented-head-dim SDPA form, or the one-token `decode` step).
+Attention runs through the shared `ALL_ATTENTION_FUNCTIONS` (`modeling_common.ATTENTION_KERNELS`) into the op's
+one entry `ops_zpx.zpx_attention` (`ZPXAttention.attention_op`): `"eager"` runs its `naive` kernel (the
+term-by-term formula), `"sdpa"` its `"auto"` choice (the exact augmented-head-dim SDPA form, or the one-token
+`decode` step); a softmax engine's name runs the engine on q^, k^, v (`ZPXAttention.engine_inputs`).
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +20,6 @@ from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.masking_utils import create_causal_mask, packed_sequence_mask_function
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as GLOBAL_ATTENTION_FUNCTIONS
-from transformers.modeling_utils import AttentionInterface
 
 from .configuration_zpx import ZPXConfig
 from .modeling_blocks import (
@@ -34,6 +32,7 @@ from .modeling_blocks import (
     stacked_linear,
 )
 from .modeling_common import (
+    ALL_ATTENTION_FUNCTIONS,
     ATTENTION_IMPLEMENTATIONS,
     ForCausalLMHead,
     ForSequenceClassificationHead,
@@ -41,6 +40,7 @@ from .modeling_common import (
     GeometricModel,
     GeometricPreTrainedModel,
     attention_implementation,
+    eager_attention_forward,
     trim_static_cache,
 )
 from .ops_zpx import (
@@ -54,64 +54,7 @@ from .ops_zpx import (
     resolve_kernel,
     zpx_attention,
 )
-from .rotary_srpe import apply_rotary, build_rotary
-
-
-def zpx_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    *,
-    query_features: torch.Tensor,
-    document_ids: torch.Tensor | None = None,
-    kernel: str = "auto",
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The family's own implementations in the standard signature: q [B, H, Lq, d], k^ [B, Hkv, Lk, d + 5C], v
-    [B, Hkv, Lk, d], the padding mask [B, Lk] bool (or None), and the queries' phase features [B, H, Lq, 5C]; the
-    lambdas and causality from the module.
-    Other kwargs (a softmax engine's metadata) are not the family's."""
-    lambda_angle, lambda_sphere = module.lambda_angle, module.lambda_sphere
-    if module.learnable_lambdas:
-        query_features, lambda_angle, lambda_sphere = module.head_lambdas(
-            query_features, resolve_kernel(kernel, query, dropout)
-        )
-    return zpx_attention(
-        query,
-        key,
-        value,
-        query_features,
-        key_padding_mask=attention_mask,
-        causal=module.is_causal,
-        scaling=scaling,
-        lambda_angle=lambda_angle,
-        lambda_sphere=lambda_sphere,
-        dropout=dropout,
-        document_ids=document_ids,
-        kernel=kernel,
-    )
-
-
-# Model-local registry into the op's entry: "eager" falls back to the reference passed to `get_interface`; every
-# other name (flash, flex, paged, an engine's such as vLLM's) reads transformers' global registry through it.
-zpx_attention_eager = functools.partial(zpx_attention_forward, kernel="naive")
-ALL_ATTENTION_FUNCTIONS = AttentionInterface()
-ALL_ATTENTION_FUNCTIONS["sdpa"] = functools.partial(zpx_attention_forward, kernel="auto")
-
-
-def zpx_implementation(config: ZPXConfig, output_attentions: bool = False) -> str:
-    """The implementation ZPX attention runs: a softmax engine's name from transformers' global AttentionInterface
-    (flash, flex, paged, or one a serving engine registers) as set, else the family's ("eager" for
-    `output_attentions=True`, whose weights only the reference materialises)."""
-    name = config._attn_implementation
-    if output_attentions or name is None or name in ATTENTION_IMPLEMENTATIONS or name not in GLOBAL_ATTENTION_FUNCTIONS:
-        return attention_implementation(config, output_attentions)
-    return name
-
+from .rotary_srpe import apply_rotary
 
 # Engines that read no mask function, only a padding mask (packed rows need their varlen metadata instead).
 MASK_FREE_ENGINES = ("flash_attention",)
@@ -255,7 +198,7 @@ class ZPXAttention(nn.Module):
         **attention_kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None, PhaseState]:
         batch, length = hidden_states.shape[:2]
-        implementation = zpx_implementation(self.config, output_attentions)
+        implementation = attention_implementation(self.config, output_attentions, engines=True)
         engine = implementation not in ATTENTION_IMPLEMENTATIONS
         if engine:  # the engine's own mask, from the padding mask, the documents and the cache before this step
             engine_mask = engine_attention_mask(
@@ -293,7 +236,7 @@ class ZPXAttention(nn.Module):
         else:  # the family's kernels: q, k^, v, the padding mask, the queries' phase features, documents
             attention_mask = padding_mask
             attention_kwargs = {**attention_kwargs, "query_features": features, "document_ids": document_ids}
-        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, zpx_attention_eager)
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         output, weights = attention_interface(
             self,
             query,
@@ -309,6 +252,43 @@ class ZPXAttention(nn.Module):
         projected = kept_linear(output, (self.o_proj,))  # decoding on CPU (see `kept_linear`)
         output = projected if projected is not None else self.o_proj(output)
         return output, weights, phase
+
+    def attention_op(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None,
+        *,
+        kernel: str,
+        scaling: float,
+        query_features: torch.Tensor,
+        dropout: float = 0.0,
+        document_ids: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The op of the family's own implementations: q [B, H, Lq, d], k^ [B, Hkv, Lk, d + 5C], v [B, Hkv, Lk, d],
+        the padding mask [B, Lk] bool (or None) and the queries' phase features [B, H, Lq, 5C]; the lambdas and
+        causality from the module. Other kwargs (a softmax engine's metadata) are not the family's."""
+        lambda_angle, lambda_sphere = self.lambda_angle, self.lambda_sphere
+        if self.learnable_lambdas:
+            query_features, lambda_angle, lambda_sphere = self.head_lambdas(
+                query_features, resolve_kernel(kernel, query, dropout)
+            )
+        return zpx_attention(
+            query,
+            key,
+            value,
+            query_features,
+            key_padding_mask=key_padding_mask,
+            causal=self.is_causal,
+            scaling=scaling,
+            lambda_angle=lambda_angle,
+            lambda_sphere=lambda_sphere,
+            dropout=dropout,
+            document_ids=document_ids,
+            kernel=kernel,
+        )
 
     def head_lambdas(self, query_features: torch.Tensor, kernel: str) -> tuple[torch.Tensor, Any, Any]:
         """The learned per-head lambdas in the form `kernel` takes: `(query_features, lambda_angle, lambda_sphere)`.
@@ -375,12 +355,9 @@ class ZPXAttention(nn.Module):
 
 
 class ZPXDecoderLayer(GeometricDecoderLayer):
-    def __init__(self, config: ZPXConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.self_attn = ZPXAttention(config, layer_idx)
-        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
-        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+    mixer_class = ZPXAttention
+    mlp_class = SwiGLUMLP
+    norm_class = RMSNorm
 
 
 class ZPXPreTrainedModel(GeometricPreTrainedModel):
@@ -404,22 +381,8 @@ class ZPXModel(GeometricModel, ZPXPreTrainedModel):
     """Shared backbone with ZPX layers; `output_phases=True` adds each layer's phase tensor Phi."""
 
     output_class = ZPXModelOutputWithPast
-
-    def __init__(self, config: ZPXConfig) -> None:
-        super().__init__(config)
-        self.padding_idx = config.pad_token_id
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
-        self.layers = nn.ModuleList([ZPXDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rotary_emb = build_rotary(config)
-        self.feature_size = config.hidden_size
-        self.gradient_checkpointing = False
-        self.post_init()
-
-    def position_embeddings(
-        self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        return self.rotary_emb(inputs_embeds, position_ids) if self.rotary_emb is not None else None
+    decoder_layer_class = ZPXDecoderLayer
+    norm_class = RMSNorm
 
     def attention_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         # what a softmax engine's attention function takes (its metadata), all but ZPX's own output flags

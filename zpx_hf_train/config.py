@@ -32,11 +32,9 @@ import yaml
 
 from zpx_hf.tokenization_bytes import VOCAB_SIZE
 
+from .distributed import configure_launch
+from .errors import ConfigError
 from .package_data import data_folder, shipped_configs
-
-
-class ConfigError(ValueError):
-    """A config file or command-line value is invalid; the message names the key and the fix."""
 
 
 @dataclass
@@ -290,8 +288,6 @@ def parse_config_file(
     """
     from transformers import HfArgumentParser, TrainingArguments
     from transformers.hf_argparser import DataClassType
-
-    from .distributed import configure_launch
 
     path = resolve_config(path)
     raw = read_yaml(path)

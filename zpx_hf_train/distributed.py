@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any
 
-from .config import ConfigError
+from .errors import ConfigError
 
 _cpu_fsdp: dict[str, Any] = {}  # set once per process by `configure_launch` for an FSDP launch on CPU
 _warned_cpu_launch: list[bool] = []  # the CPU-launch warning is printed once, by rank 0
