@@ -21,11 +21,6 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .ops_common import upcast
 
-try:  # transformers >= 5: init helpers that respect weights already loaded by `from_pretrained`
-    from transformers import initialization as hf_init
-except ImportError:  # pragma: no cover - older layout
-    hf_init = nn.init
-
 # Name of the cache field in HF outputs and the kwarg `generate` passes to `forward`.
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
@@ -59,7 +54,7 @@ def plain_tensor(tensor: torch.Tensor | None) -> bool:
     return tensor is None or not is_traceable_wrapper_subclass(tensor)
 
 
-def plain_linears(modules: tuple[nn.Module, ...]) -> bool:
+def plain_linears(modules: tuple[nn.Module | None, ...]) -> bool:
     """Whether every module is an `nn.Linear` whose call is exactly `F.linear(x, weight, bias)` on plain tensors:
     not a subclass (LoRA), no quantised weight (`plain_tensor`), no hooks, no instance-level forward
     (accelerate's offloading hooks replace it). Fused fast paths run only then; otherwise each module runs as
@@ -82,9 +77,9 @@ def derived_weights_kept() -> bool:
 
 def derived_weight(key: tuple, build: Callable[[], Any]) -> Any:
     """`build()`, kept under `key` while `keep_derived_weights` is active (and no gradient is recorded)."""
-    if not derived_weights_kept():
+    kept = _DERIVED_WEIGHTS.get() if derived_weights_kept() else None
+    if kept is None:
         return build()
-    kept = _DERIVED_WEIGHTS.get()
     if key not in kept:
         kept[key] = build()
     return kept[key]
@@ -99,12 +94,17 @@ def row_major_transpose(weights: list[torch.Tensor]) -> torch.Tensor:
 
 def stacked_bias(linears: tuple[nn.Linear, ...]) -> torch.Tensor | None:
     """The biases of `linears` side by side; a missing bias is zeros when another has one, None when none has."""
-    if all(linear.bias is None for linear in linears):
+    if all(linear_bias(linear) is None for linear in linears):
         return None
-    biases = [
-        linear.bias if linear.bias is not None else linear.weight.new_zeros(len(linear.weight)) for linear in linears
-    ]
-    return torch.cat(biases)
+    biases = [linear_bias(linear) for linear in linears]
+    return torch.cat(
+        [b if b is not None else linear.weight.new_zeros(len(linear.weight)) for b, linear in zip(biases, linears)]
+    )
+
+
+def linear_bias(linear: nn.Linear) -> torch.Tensor | None:
+    """`linear.bias`: None for `bias=False` (torch annotates the attribute as always a Parameter)."""
+    return linear.bias
 
 
 def kept_linear(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> torch.Tensor | None:
@@ -206,10 +206,8 @@ def check_inputs(
     The value checks read tensors back to the host, so they run in eager mode only: under `torch.compile`
     they are skipped and the compiled graph has no breaks (shape checks still run, they are free).
     """
-    if (input_ids is None) == (inputs_embeds is None):
-        raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
     check_values = not torch.compiler.is_compiling()
-    if input_ids is not None:
+    if input_ids is not None and inputs_embeds is None:
         if input_ids.dim() != 2:
             raise ValueError(f"`input_ids` must be [batch, seq_len]; got shape {tuple(input_ids.shape)}.")
         if input_ids.dtype not in (torch.int64, torch.int32):
@@ -222,7 +220,7 @@ def check_inputs(
                     "Check the tokenizer matches the model."
                 )
         batch, length = input_ids.shape
-    else:
+    elif inputs_embeds is not None and input_ids is None:
         if inputs_embeds.dim() != 3:
             raise ValueError(
                 f"`inputs_embeds` must be [batch, seq_len, features]; got shape {tuple(inputs_embeds.shape)}."
@@ -244,6 +242,8 @@ def check_inputs(
         if check_values and not torch.isfinite(inputs_embeds).all():
             raise ValueError("`inputs_embeds` contains NaN or Inf.")
         batch, length = inputs_embeds.shape[:2]
+    else:
+        raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
     if batch == 0 or length == 0:
         name = "input_ids" if input_ids is not None else "inputs_embeds"
         raise ValueError(

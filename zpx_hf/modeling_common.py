@@ -11,13 +11,15 @@ causal-LM and sequence-classification heads with transformers' own losses, and t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
+from transformers import initialization as hf_init  # init helpers that keep the weights `from_pretrained` loaded
 from transformers.loss.loss_utils import ForCausalLMLoss, ForSequenceClassificationLoss
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -33,7 +35,6 @@ from .modeling_blocks import (
     RMSNorm,
     check_inputs,
     default_position_ids,
-    hf_init,
     keep_derived_weights,
     kept_linear,
     module_from_config,
@@ -43,6 +44,11 @@ from .modeling_blocks import (
 from .modeling_cache import grow_dynamic_layers
 from .ops_common import document_ids_from_cu_seq_lens, document_ids_from_position_ids, document_positions
 from .rotary_srpe import build_rotary
+
+if TYPE_CHECKING:
+    from transformers import GenerationMixin
+
+    from .configuration_common import GeometricConfig
 
 # Keyword arguments of padding-free collators (flash-attention's varlen form, TRL's `seq_idx`); the backbone
 # reads documents from `cu_seq_lens_*` and drops the rest (every mixer takes `document_ids` instead).
@@ -120,9 +126,9 @@ def attention_implementation(config: Any, output_attentions: bool = False, engin
     (transformers' global AttentionInterface: flash, flex, paged, or one a serving engine registers) only for a
     mixer that hands engines its inputs (`engines`, ZPX's), and not with `output_attentions`."""
     implementation = config._attn_implementation or "sdpa"
-    if engines and not output_attentions and implementation not in ATTENTION_KERNELS:
-        if implementation in GLOBAL_ATTENTION_FUNCTIONS:
-            return implementation
+    engine = engines and not output_attentions and implementation not in ATTENTION_KERNELS
+    if engine and implementation in GLOBAL_ATTENTION_FUNCTIONS:
+        return implementation
     if implementation not in ATTENTION_KERNELS:
         raise ValueError(
             f"`attn_implementation`={implementation!r} is not available for {config.model_type}: use 'eager' "
@@ -132,7 +138,7 @@ def attention_implementation(config: Any, output_attentions: bool = False, engin
 
 
 def resolve_forward_flags(
-    model: nn.Module,
+    model: GeometricPreTrainedModel,
     output_attentions: bool | None,
     output_hidden_states: bool | None,
     return_dict: bool | None,
@@ -163,10 +169,8 @@ def trim_static_cache(
 def cumulative_lengths(name: str, value: Any) -> torch.Tensor | None:
     """`cu_seq_lens_*` as an integer tensor: a list or tuple of ints is taken as one."""
     if value is not None and not isinstance(value, torch.Tensor):
-        try:
+        with contextlib.suppress(TypeError, ValueError, RuntimeError):
             value = torch.as_tensor(value)
-        except (TypeError, ValueError, RuntimeError):
-            pass
     if value is None or (
         isinstance(value, torch.Tensor) and not value.is_floating_point() and value.dtype != torch.bool
     ):
@@ -226,6 +230,8 @@ class GeometricPreTrainedModel(PreTrainedModel):
     # softmax(q.k * scale) v) cannot compute this family's mixers, as a clause of the refusal; None where its
     # mixers hand engines inputs whose softmax attention is the family's function (ZPX: q^, k^, v).
     softmax_engine_refusal: str | None = None
+    if TYPE_CHECKING:  # for the type checker only: transformers reads a class's `config` annotation as its config_class
+        config: GeometricConfig
 
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         # Fields assigned after the config was built were checked one by one; how they combine is checked
@@ -260,6 +266,8 @@ class GeometricPreTrainedModel(PreTrainedModel):
     def remote_code_auto_map(cls) -> dict[str, str]:
         """Auto class name -> "module.Class" in the copied remote-code files, for every Auto class."""
         config_class = cls.config_class
+        if config_class is None:
+            raise TypeError(f"{cls.__name__} sets no config_class: a family's PreTrainedModel declares its config.")
         prefix = config_class.__name__.removesuffix("Config")
         module = cls.__module__.rsplit(".", 1)[-1]
         return {
@@ -387,9 +395,9 @@ class GeometricModel(GeometricPreTrainedModel):
 
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
+        position_ids: torch.Tensor | None = None,
         past_key_values: Any = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
@@ -413,6 +421,10 @@ class GeometricModel(GeometricPreTrainedModel):
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         if isinstance(past_length, torch.Tensor):  # static caches count in a tensor that layers update in place
             past_length = int(past_length)
+        # (a module wrapping the embedding, e.g. PEFT's modules_to_save, may hold no weight tensor: not checked then)
+        embedding_weight = getattr(self.embed_tokens, "weight", None)
+        if not isinstance(embedding_weight, torch.Tensor):
+            embedding_weight = None
         check_inputs(
             self.config,
             input_ids,
@@ -420,8 +432,8 @@ class GeometricModel(GeometricPreTrainedModel):
             attention_mask,
             position_ids,
             past_length,
-            embedding_width=self.embed_tokens.weight.shape[-1],
-            embedding_dtype=self.embed_tokens.weight.dtype,
+            embedding_width=None if embedding_weight is None else embedding_weight.shape[-1],
+            embedding_dtype=None if embedding_weight is None else embedding_weight.dtype,
         )
         if position_ids is not None and position_ids.dim() == 1:
             position_ids = position_ids[None]  # [L] is shared by every row, as [1, L]: packed documents too
@@ -445,12 +457,12 @@ class GeometricModel(GeometricPreTrainedModel):
         position_embeddings = self.position_embeddings(inputs_embeds, position_ids)
 
         hidden_states = inputs_embeds
-        all_hidden_states = () if output_hidden_states else None
-        all_attentions = () if output_attentions else None
+        all_hidden_states: list[torch.Tensor] = []
+        all_attentions: list[Any] = []
         extras = []
         for layer in self.layers:
             if output_hidden_states:
-                all_hidden_states += (hidden_states,)
+                all_hidden_states.append(hidden_states)
             hidden_states, weights, extra = layer(
                 hidden_states,
                 position_embeddings=position_embeddings,
@@ -463,16 +475,16 @@ class GeometricModel(GeometricPreTrainedModel):
             )
             extras.append(extra)
             if output_attentions:
-                all_attentions += (weights,)
+                all_attentions.append(weights)
         hidden_states = self.norm(hidden_states)
         if output_hidden_states:
-            all_hidden_states += (hidden_states,)
+            all_hidden_states.append(hidden_states)
 
         token_mask = padding_mask[:, past_length:] if padding_mask is not None else None
         output = self.output_class(
             last_hidden_state=hidden_states,
-            hidden_states=all_hidden_states,
-            attentions=all_attentions,
+            hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
+            attentions=tuple(all_attentions) if output_attentions else None,
             **self.extra_outputs(extras, token_mask, document_ids=document_ids, **kwargs),
             **{CACHE_FIELD: past_key_values if use_cache else None},
         )
@@ -494,6 +506,8 @@ def check_labels(
                 f"`shift_labels` must be [batch, seq_len] = {logits_shape} (one target per logit position); got "
                 f"{tuple(shift_labels.shape)}."
             )
+        return
+    if labels is None:  # no targets: nothing to line up
         return
     if tuple(labels.shape) != input_shape:
         raise ValueError(
@@ -519,7 +533,16 @@ def check_classification_labels(labels: torch.Tensor, batch: int, num_labels: in
         )
 
 
-class ForCausalLMHead:
+if TYPE_CHECKING:  # the heads are mixins placed before a family's PreTrainedModel (and GenerationMixin)
+
+    class _CausalLMBase(GeometricPreTrainedModel, GenerationMixin): ...
+
+    _SequenceClassificationBase = GeometricPreTrainedModel
+else:
+    _CausalLMBase = _SequenceClassificationBase = object
+
+
+class ForCausalLMHead(_CausalLMBase):
     """Causal-LM head shared by every family (HF's `Generic*` pattern); a family declares
     `class XForCausalLM(ForCausalLMHead, XPreTrainedModel, GenerationMixin)` and sets `backbone_class`.
 
@@ -530,7 +553,7 @@ class ForCausalLMHead:
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
-    backbone_class: type[PreTrainedModel]
+    backbone_class: type[GeometricModel]
     output_class: type = CausalLMOutputWithPast
 
     def __init__(self, config: Any) -> None:
@@ -629,14 +652,15 @@ class ForCausalLMHead:
 
 # `generate` inspects a remote-code model's `forward` signature on every decoding step (looking for the
 # removed `cache_position`); a precomputed `__signature__` makes that an attribute read (~0.1 ms per token).
-ForCausalLMHead.forward.__signature__ = inspect.signature(ForCausalLMHead.forward)
+# attr-defined: a function's attributes are writable; mypy types a function as having a fixed set
+ForCausalLMHead.forward.__signature__ = inspect.signature(ForCausalLMHead.forward)  # type: ignore[attr-defined]
 
 
-class ForSequenceClassificationHead:
+class ForSequenceClassificationHead(_SequenceClassificationBase):
     """Sequence-classification head shared by every family: a linear `score` on the features of the
     last real token (see `pool_last_token`), transformers' regression / single- / multi-label loss."""
 
-    backbone_class: type[PreTrainedModel]
+    backbone_class: type[GeometricModel]
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)

@@ -30,11 +30,12 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 from transformers import GenerationMixin
+from transformers import initialization as hf_init
 from transformers.cache_utils import Cache
 
 from .configuration_common import LOGIT_SCALE_LIMIT
 from .configuration_pct import PCTConfig
-from .modeling_blocks import hf_init, init_bias_log_context
+from .modeling_blocks import init_bias_log_context
 from .modeling_common import (
     ALL_ATTENTION_FUNCTIONS,
     ForCausalLMHead,
@@ -143,7 +144,7 @@ def normalize_rotate_backward(
 ) -> torch.Tensor:
     """dz of `normalize_rotate` for pairs z [..., 2, d] and output gradients g (both >= float32), closed form:
     dz = h / ||z|| - z <z, h> / ||z||^3 with h = R^T(g)."""
-    if cos is None:
+    if cos is None or signed_sin is None:  # no rotary tables (the two come together)
         h = g
     else:  # R^T g = [g_re cos + g_im sin, g_im cos - g_re sin] = g cos - [g_im, g_re] [-sin, sin]
         h = torch.addcmul(g * cos.to(g.dtype), g.flip(-2), signed_sin.to(g.dtype), value=-1.0)
@@ -178,8 +179,8 @@ class _QueryKeyValue(torch.autograd.Function):
             grad = qkv.new_empty(qkv.shape)
             views = split_grouped(grad, num_heads, num_key_value_heads, head_dim)
             pairs = split_grouped(qkv, num_heads, num_key_value_heads, head_dim)
-            for view, z, g in zip(views[:2], pairs[:2], (grad_query, grad_key)):
-                g = upcast(g.unflatten(-1, (2, head_dim)))
+            for view, z, grad_out in zip(views[:2], pairs[:2], (grad_query, grad_key)):
+                g = upcast(grad_out.unflatten(-1, (2, head_dim)))
                 view.copy_(normalize_rotate_backward(upcast(z), g, cos, signed_sin, ctx.eps))
             views[2].copy_(grad_value.unflatten(-1, (2, head_dim)))
             return grad, None, None, None, None, None, None
@@ -241,7 +242,11 @@ class PCTAttention(nn.Module):
             # in float32 at least (the kernels' tau precision), capped at LOGIT_SCALE_LIMIT: a float16 log_tau
             # rounds log(65504) up to 11.094, whose exp is inf in float16 (NaN gates)
             return upcast(self.log_tau).exp().clamp(max=LOGIT_SCALE_LIMIT)
-        return self.tau if self.tau is not None else self.fixed_tau
+        if self.tau is not None:
+            return self.tau
+        if self.fixed_tau is None:  # learnable_tau always builds tau or log_tau
+            raise RuntimeError("PCTAttention holds no temperature: neither a learned tau nor a fixed one.")
+        return self.fixed_tau
 
     def _merge_heads(self, z: torch.Tensor) -> torch.Tensor:
         """[B, H, L, 2d] -> [B, L, 2 H d]."""

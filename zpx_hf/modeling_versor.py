@@ -24,16 +24,17 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin
+from transformers import initialization as hf_init
 
 from .clifford_algebra import BIVECTOR_MASKS, NUM_BLADES, NUM_GRADES, conformal_algebra
 from .configuration_versor import VersorConfig
-from .modeling_blocks import derived_weight, hf_init, plain_tensor
+from .modeling_blocks import derived_weight, plain_tensor
 from .modeling_cache import GrowingRows
 from .modeling_common import (
     ALL_ATTENTION_FUNCTIONS,
@@ -204,7 +205,7 @@ class VersorLinear(nn.Module):
         return f"{self.in_channels} -> {self.out_channels} channels, {NUM_GRADES} grades"
 
 
-def runs_plain(layer: nn.Module) -> bool:
+def runs_plain(layer: nn.Module) -> TypeGuard[VersorLinear]:
     """Whether `layer` is a bare `VersorLinear` whose call is its own `forward`: not a subclass or PEFT wrapper, no
     hooks, no instance-level forward (accelerate's offloading hooks load the weight in one; reading the weight
     outside the call would see it on the meta device)."""
@@ -445,6 +446,8 @@ class VersorDecoderLayer(GeometricDecoderLayer):
 
 class VersorPreTrainedModel(GeometricPreTrainedModel):
     config_class = VersorConfig
+    if TYPE_CHECKING:  # for the type checker only (transformers would read the annotation as config_class)
+        config: VersorConfig
     _no_split_modules = ["VersorDecoderLayer"]
     softmax_engine_refusal = (
         "Versor's GPA score adds the norm of a bivector (not a dot product) and RRA layers keep a recurrent rotor "
@@ -466,7 +469,8 @@ class VersorPreTrainedModel(GeometricPreTrainedModel):
                 UserWarning,
                 stacklevel=3,
             )
-        return super()._prepare_cache_for_generation(generation_config, *args, **kwargs)
+        # misc: GenerationMixin's, after this class in the MRO of VersorForCausalLM (the one class that generates)
+        return super()._prepare_cache_for_generation(generation_config, *args, **kwargs)  # type: ignore[misc]
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -498,11 +502,12 @@ class VersorModel(GeometricModel, VersorPreTrainedModel):
             )
 
 
-def warn_unquantized_projections(model: nn.Module, args: Any) -> None:
-    """Forward pre-hook of the Versor heads: quantisers that pick `nn.Linear`s (torchao's default `quantize_`
-    filter, transformers' `TorchAoConfig`, bitsandbytes) skip every `VersorLinear`, so the model would run with its
-    head (or nothing at all) quantised and its projections in float, without a word. Checked once per head weight
-    (quantising replaces it) and quantization config; skipped while compiling."""
+def warn_unquantized_projections(model: Any, args: Any) -> None:
+    """Forward pre-hook of the Versor heads (`model`: VersorForCausalLM or VersorForSequenceClassification):
+    quantisers that pick `nn.Linear`s (torchao's default `quantize_` filter, transformers' `TorchAoConfig`,
+    bitsandbytes) skip every `VersorLinear`, so the model would run with its head (or nothing at all) quantised and
+    its projections in float, without a word. Checked once per head weight (quantising replaces it) and
+    quantization config; skipped while compiling."""
     if torch.compiler.is_compiling():
         return
     head = model.get_output_embeddings() if hasattr(model, "lm_head") else model.score

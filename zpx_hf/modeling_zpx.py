@@ -11,12 +11,13 @@ term-by-term formula), `"sdpa"` its `"auto"` choice (the exact augmented-head-di
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin
+from transformers import initialization as hf_init
 from transformers.cache_utils import Cache
 from transformers.masking_utils import create_causal_mask, packed_sequence_mask_function
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -26,7 +27,6 @@ from .modeling_blocks import (
     RMSNorm,
     SwiGLUMLP,
     derived_weights_kept,
-    hf_init,
     kept_linear,
     plain_linears,
     stacked_linear,
@@ -200,6 +200,7 @@ class ZPXAttention(nn.Module):
         batch, length = hidden_states.shape[:2]
         implementation = attention_implementation(self.config, output_attentions, engines=True)
         engine = implementation not in ATTENTION_IMPLEMENTATIONS
+        engine_mask = None
         if engine:  # the engine's own mask, from the padding mask, the documents and the cache before this step
             engine_mask = engine_attention_mask(
                 self.config, implementation, hidden_states, padding_mask, past_key_values, self.layer_idx, document_ids
@@ -315,9 +316,10 @@ class ZPXAttention(nn.Module):
             features, lambda_angle, lambda_sphere = self.head_lambdas(features, "engine")
         query_aug = augment_query(query, features, 1.0, lambda_angle / self.scaling, lambda_sphere / self.scaling)
         width = self.config.engine_head_dim
-        return tuple(
+        query_aug, key_aug, value = (
             x if x.shape[-1] == width else F.pad(x, (0, width - x.shape[-1])) for x in (query_aug, key_aug, value)
         )
+        return query_aug, key_aug, value
 
     def split_fused(
         self,
@@ -362,6 +364,8 @@ class ZPXDecoderLayer(GeometricDecoderLayer):
 
 class ZPXPreTrainedModel(GeometricPreTrainedModel):
     config_class = ZPXConfig
+    if TYPE_CHECKING:  # for the type checker only (transformers would read the annotation as config_class)
+        config: ZPXConfig
     _no_split_modules = ["ZPXDecoderLayer"]
     # ZPX is softmax attention on q^ . k^ (width `engine_head_dim`, the standard scaling with q^'s phase terms
     # divided by it): any softmax engine computes it exactly, reached through transformers' global
@@ -434,9 +438,11 @@ class ZPXForSequenceClassification(ForSequenceClassificationHead, ZPXPreTrainedM
 
 
 def _weighted_center_loss(config: ZPXConfig, outputs: ZPXModelOutputWithPast) -> torch.Tensor | None:
-    if config.center_loss_weight > 0:
-        return config.center_loss_weight * outputs.center_loss
-    return None
+    if config.center_loss_weight <= 0:
+        return None
+    if outputs.center_loss is None:  # ZPXModel computes it whenever the weight is positive
+        raise ValueError("center_loss_weight > 0 but the backbone gave no center_loss: pass ZPXModel's outputs.")
+    return config.center_loss_weight * outputs.center_loss
 
 
 __all__ = [
