@@ -75,12 +75,12 @@ def family_targets(model_type: str, llama_targets: list[str]) -> list[str] | Non
     return None
 
 
-# LoRA's default targets per family: PEFT's Llama default (q_proj, v_proj) as `register` writes it into PEFT's table
-# (`family_targets`; tests/test_peft_methods.py checks that the two agree)
-LORA_TARGET_MODULES: dict[str, list[str]] = {
-    ZPXConfig.model_type: ["q_proj", "v_proj"],
-    PCTConfig.model_type: ["q_proj.real", "q_proj.imag", "v_proj.real", "v_proj.imag"],
-    VersorConfig.model_type: ["q_proj", "v_proj"],  # VersorLinear, through VersorLoraLinear
+VERSOR_LORA_TARGETS = ["q_proj", "v_proj"]  # VersorLinear, through VersorLoraLinear
+# LoRA's default targets per family (PEFT's Llama default, q_proj and v_proj, in its names; None: it has none)
+LORA_TARGET_MODULES = {
+    ZPXConfig.model_type: family_targets(ZPXConfig.model_type, ["q_proj", "v_proj"]),
+    PCTConfig.model_type: family_targets(PCTConfig.model_type, ["q_proj", "v_proj"]),
+    VersorConfig.model_type: VERSOR_LORA_TARGETS,
 }
 _INIT_OPTIONS = (True, False, "gaussian")
 
@@ -379,7 +379,7 @@ def register() -> None:
     Versor's LoRA layer and refusals. Idempotent."""
     lora_mapping = peft_constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
     for model_type in VERSOR_MODEL_TYPES:
-        lora_mapping.setdefault(model_type, list(LORA_TARGET_MODULES[VersorConfig.model_type]))
+        lora_mapping.setdefault(model_type, list(VERSOR_LORA_TARGETS))
         peft_constants.TRANSFORMERS_MODELS_TO_PREFIX_TUNING_POSTPROCESS_MAPPING.setdefault(
             model_type, _refuse_prefix_tuning
         )

@@ -122,7 +122,7 @@ def lora_targets(model_type: str, requested: list[str] | None) -> list[str] | st
 
     if requested and requested != ["default"]:
         return requested
-    return list(LORA_TARGET_MODULES.get(model_type, [])) or "all-linear"
+    return list(LORA_TARGET_MODULES.get(model_type) or []) or "all-linear"  # a family without a default: every linear
 
 
 def merged_logit_difference(peft_model: Any, inputs: dict[str, Any]) -> float:
