@@ -15,14 +15,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_close_eps
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zpx_hf_train.config import ConfigError
 from zpx_hf_train.distributed import configure_launch, state_dict_digest
+from zpx_hf_train.train import load_run_config, run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE = Path(sys.executable).with_name("accelerate")
+MICRO = str(ROOT / "configs" / "test-micro.yaml")
+REFERENCE_FLAGS = ("--tasks", "mqar", "--eval_strategy", "no", "--per_device_train_batch_size", "16")
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU/gloo launch path is for machines without CUDA")
 
 
@@ -32,19 +36,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(config: str, output_dir: Path, *flags: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def _command(config: str, output_dir: Path, *flags: str, launch: tuple[str, ...] = ()) -> list[str]:
+    """`accelerate launch --config_file configs/accelerate/<config> [launch...] -m zpx_hf_train.train` on the
+    micro config, with `flags` after it; the port is a free one unless `launch` names one."""
     launcher = (
         [str(ACCELERATE), "launch"] if ACCELERATE.exists() else [sys.executable, "-m", "accelerate.commands.launch"]
     )
-    command = [
+    port = () if "--main_process_port" in launch else ("--main_process_port", str(_free_port()))
+    return [
         *launcher,
-        *("--config_file", str(ROOT / "configs" / "accelerate" / config)),
-        *("--main_process_port", str(_free_port())),
+        *("--config_file", str(ROOT / "configs" / "accelerate" / config), *port, *launch),
         *("-m", "zpx_hf_train.train", str(ROOT / "configs" / "test-micro.yaml")),
         *("--output_dir", str(output_dir), "--tasks", "mqar", "--eval_strategy", "no", *flags),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=output_dir.parent)
+
+
+LAUNCH_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def _launch(config: str, output_dir: Path, *flags: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    command = _command(config, output_dir, *flags)
+    cwd = output_dir.parent
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=LAUNCH_ENV, cwd=cwd)
 
 
 @pytest.mark.slow
@@ -97,6 +110,41 @@ def test_two_process_fsdp_on_cpu_shards_and_saves_one_full_state_dict(tmp_path):
     for name in digest["only_in_file"]:
         torch.testing.assert_close(reloaded[name], saved[name], atol=0, rtol=0)
     assert all(torch.isfinite(t).all() for t in saved.values())
+
+
+@pytest.mark.slow
+@NO_CUDA
+def test_two_machines_train_as_one_machine_with_the_same_global_batch(tmp_path):
+    """ddp_cpu.yaml as two machines of one process each (`--num_machines 2`, ranks 0 and 1, main process on
+    127.0.0.1; one host, the output folder shared as on a shared filesystem): each machine reads its own half of
+    every global batch of 2 x 8 rows, so the run is the one-process run with a batch of 16, up to rounding."""
+    port = str(_free_port())
+    flags = ("--max_steps", "4", "--logging_steps", "1", "--save_steps", "4")
+    machines = []
+    for rank in ("0", "1"):
+        launch = ("--num_machines", "2", "--num_processes", "2", "--machine_rank", rank)
+        launch += ("--main_process_ip", "127.0.0.1", "--main_process_port", port)
+        command = _command("ddp_cpu.yaml", tmp_path / "two", *flags, launch=launch)
+        log = open(tmp_path / f"machine{rank}.log", "w")
+        machines.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=LAUNCH_ENV, cwd=tmp_path))
+    # meanwhile, the reference: one machine, one process, the same global batch
+    one = run_training(load_run_config(MICRO, ["--output_dir", str(tmp_path / "one"), *flags, *REFERENCE_FLAGS]))
+    for rank, machine in enumerate(machines):
+        assert machine.wait(timeout=300) == 0, (tmp_path / f"machine{rank}.log").read_text()[-4000:]
+
+    details = json.loads((tmp_path / "two" / "metrics.json").read_text())["details"]
+    assert details["world_size"] == 2 and details["machines"] == 2 and details["effective_batch"] == 16
+    state = json.loads((tmp_path / "two" / "checkpoint-4" / "trainer_state.json").read_text())
+    losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+    reference = [entry["loss"] for entry in one["trainer"].state.log_history if "loss" in entry]
+    assert len(losses) == len(reference) == 4
+    # same rows, same updates: a loss differs only by the summation order of 2 x 8 rows against 16 (a machine
+    # that read the other's shard, or the whole batch, gives another loss from the first step on)
+    for step, (loss, expected) in enumerate(zip(losses, reference, strict=True), start=1):
+        assert abs(loss - expected) <= 64 * torch.finfo(torch.float32).eps * expected, (step, losses, reference)
+    trained = load_file(tmp_path / "two" / "model.safetensors")
+    for name, tensor in load_file(tmp_path / "one" / "model.safetensors").items():
+        assert_close_eps(trained[name], tensor, ulps=256)
 
 
 @NO_CUDA

@@ -22,7 +22,7 @@ from typing import Any
 from .cli import cli_main
 from .config import ModelArguments, RunArguments, RunConfig, build_model_config, parse_config_file
 from .data import DataArguments, build_datasets, dataset_tags, validate_data_args
-from .distributed import configure_launch, gather_objects, local_parameter_count
+from .distributed import configure_launch, gather_objects, local_parameter_count, machine_count
 from .job import open_run, publish, train_and_save
 from .report import card_data, model_card_template, render_model_card, write_report
 from .trainer import build_model, build_trainer
@@ -122,6 +122,7 @@ def evaluate_trained(
         "parameters": num_params,
         "steps": trainer.state.global_step,
         "world_size": training_args.world_size,
+        "machines": machine_count(training_args.world_size),
         "parallelism": configure_launch(),
         "effective_batch": training_args.per_device_train_batch_size
         * training_args.world_size
