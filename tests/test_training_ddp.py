@@ -69,7 +69,7 @@ def test_two_process_ddp_on_cpu_trains_and_saves_a_loadable_checkpoint(tmp_path)
 
     details = json.loads((output_dir / "metrics.json").read_text())["details"]
     assert details["world_size"] == 2 and details["effective_batch"] == 16 and details["steps"] == 4
-    assert details["parallelism"] == "cpu-ddp"
+    assert details["parallelism"] == "cpu-ddp" and details["machines"] == 1
     assert details["parameters_per_rank"] == [details["parameters"]] * 2  # DDP: every rank holds everything
     state = json.loads((output_dir / "checkpoint-4" / "trainer_state.json").read_text())
     assert state["global_step"] == 4 and state["log_history"][0]["loss"] > 0
