@@ -6,6 +6,7 @@
 - without CUDA, any launch trains on the CPUs (a GPU config warns; DeepSpeed is refused).
 """
 
+import dataclasses
 import json
 import os
 import socket
@@ -30,10 +31,17 @@ REFERENCE_FLAGS = ("--tasks", "mqar", "--eval_strategy", "no", "--per_device_tra
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU/gloo launch path is for machines without CUDA")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(count: int = 1) -> list[int]:
+    """Ports free now, distinct from each other (all held open while chosen): launches started together must not
+    be handed the same port before the first binds it."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def _command(config: str, output_dir: Path, *flags: str, launch: tuple[str, ...] = ()) -> list[str]:
@@ -42,7 +50,7 @@ def _command(config: str, output_dir: Path, *flags: str, launch: tuple[str, ...]
     launcher = (
         [str(ACCELERATE), "launch"] if ACCELERATE.exists() else [sys.executable, "-m", "accelerate.commands.launch"]
     )
-    port = () if "--main_process_port" in launch else ("--main_process_port", str(_free_port()))
+    port = () if "--main_process_port" in launch else ("--main_process_port", str(_free_ports()[0]))
     return [
         *launcher,
         *("--config_file", str(ROOT / "configs" / "accelerate" / config), *port, *launch),
@@ -112,31 +120,43 @@ def test_two_process_fsdp_on_cpu_shards_and_saves_one_full_state_dict(tmp_path):
     assert all(torch.isfinite(t).all() for t in saved.values())
 
 
+def _two_machines(tmp_path: Path, output: str, *flags: str, port: int | None = None) -> list[subprocess.Popen]:
+    """ddp_cpu.yaml started as machines 0 and 1 of two (one process each, main process on 127.0.0.1)."""
+    port, machines = str(port or _free_ports()[0]), []
+    for rank in ("0", "1"):
+        launch = ("--num_machines", "2", "--num_processes", "2", "--machine_rank", rank)
+        launch += ("--main_process_ip", "127.0.0.1", "--main_process_port", port)
+        command = _command("ddp_cpu.yaml", tmp_path / output, *flags, launch=launch)
+        log = open(tmp_path / f"{output}{rank}.log", "w")
+        machines.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=LAUNCH_ENV, cwd=tmp_path))
+    return machines
+
+
+def _finish(tmp_path: Path, output: str, machines: list[subprocess.Popen]) -> None:
+    for rank, machine in enumerate(machines):
+        assert machine.wait(timeout=300) == 0, (tmp_path / f"{output}{rank}.log").read_text()[-4000:]
+
+
+def _losses(log_history: list[dict]) -> list[float]:
+    return [entry["loss"] for entry in log_history if "loss" in entry]
+
+
 @pytest.mark.slow
 @NO_CUDA
 def test_two_machines_train_as_one_machine_with_the_same_global_batch(tmp_path):
     """ddp_cpu.yaml as two machines of one process each (`--num_machines 2`, ranks 0 and 1, main process on
     127.0.0.1; one host, the output folder shared as on a shared filesystem): each machine reads its own half of
     every global batch of 2 x 8 rows, so the run is the one-process run with a batch of 16, up to rounding."""
-    port = str(_free_port())
     flags = ("--max_steps", "4", "--logging_steps", "1", "--save_steps", "4")
-    machines = []
-    for rank in ("0", "1"):
-        launch = ("--num_machines", "2", "--num_processes", "2", "--machine_rank", rank)
-        launch += ("--main_process_ip", "127.0.0.1", "--main_process_port", port)
-        command = _command("ddp_cpu.yaml", tmp_path / "two", *flags, launch=launch)
-        log = open(tmp_path / f"machine{rank}.log", "w")
-        machines.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=LAUNCH_ENV, cwd=tmp_path))
+    machines = _two_machines(tmp_path, "two", *flags)
     # meanwhile, the reference: one machine, one process, the same global batch
     one = run_training(load_run_config(MICRO, ["--output_dir", str(tmp_path / "one"), *flags, *REFERENCE_FLAGS]))
-    for rank, machine in enumerate(machines):
-        assert machine.wait(timeout=300) == 0, (tmp_path / f"machine{rank}.log").read_text()[-4000:]
+    _finish(tmp_path, "two", machines)
 
     details = json.loads((tmp_path / "two" / "metrics.json").read_text())["details"]
     assert details["world_size"] == 2 and details["machines"] == 2 and details["effective_batch"] == 16
     state = json.loads((tmp_path / "two" / "checkpoint-4" / "trainer_state.json").read_text())
-    losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
-    reference = [entry["loss"] for entry in one["trainer"].state.log_history if "loss" in entry]
+    losses, reference = _losses(state["log_history"]), _losses(one["trainer"].state.log_history)
     assert len(losses) == len(reference) == 4
     # same rows, same updates: a loss differs only by the summation order of 2 x 8 rows against 16 (a machine
     # that read the other's shard, or the whole batch, gives another loss from the first step on)
@@ -145,6 +165,37 @@ def test_two_machines_train_as_one_machine_with_the_same_global_batch(tmp_path):
     trained = load_file(tmp_path / "two" / "model.safetensors")
     for name, tensor in load_file(tmp_path / "one" / "model.safetensors").items():
         assert_close_eps(trained[name], tensor, ulps=256)
+
+
+@pytest.mark.slow
+@NO_CUDA
+def test_two_machines_stream_the_shards_of_two_processes(tmp_path):
+    """With `data.streaming`, each process streams the shard of its rank (`split_dataset_by_node`; that the
+    shards are disjoint and complete is `tests/test_data_pipeline.py`'s): two machines of one process each train
+    as one machine's two processes do, step for step, and each saves its own stream position."""
+    from zpx_hf_train.data import DataArguments
+
+    if "streaming" not in {f.name for f in dataclasses.fields(DataArguments)}:
+        pytest.skip("`data.streaming` does not exist yet in DataArguments (it comes with the data pipeline)")
+    flags = ("--streaming", "true", "--train_examples_per_task", "0", "--max_eval_blocks", "4")
+    flags += ("--shuffle_buffer", "8", "--per_device_train_batch_size", "4", "--max_steps", "4")
+    flags += ("--logging_steps", "1", "--save_steps", "4")
+    two_port, one_port = _free_ports(2)
+    machines = _two_machines(tmp_path, "two", *flags, port=two_port)
+    command = _command("ddp_cpu.yaml", tmp_path / "one", *flags, launch=("--main_process_port", str(one_port)))
+    one = subprocess.run(command, capture_output=True, text=True, timeout=300, env=LAUNCH_ENV, cwd=tmp_path)
+    assert one.returncode == 0, one.stderr[-4000:]
+    _finish(tmp_path, "two", machines)
+
+    histories = []
+    for output in ("one", "two"):
+        checkpoint = tmp_path / output / "checkpoint-4"
+        histories.append(_losses(json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]))
+        positions = [(checkpoint / f"data_stream_state-rank{rank}.json").read_text() for rank in (0, 1)]
+        assert positions[0] != positions[1]  # two streams, each where its process stopped
+    assert len(histories[1]) == 4
+    for loss, expected in zip(*reversed(histories), strict=True):
+        assert abs(loss - expected) <= 64 * torch.finfo(torch.float32).eps * expected, histories
 
 
 @NO_CUDA

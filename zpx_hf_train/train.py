@@ -22,7 +22,7 @@ from typing import Any
 from .cli import cli_main
 from .config import ModelArguments, RunArguments, RunConfig, build_model_config, parse_config_file
 from .data import DataArguments, build_datasets, dataset_tags, validate_data_args
-from .distributed import configure_launch, gather_objects, local_parameter_count, machine_count
+from .distributed import configure_launch, gather_objects, local_parameter_count
 from .job import open_run, publish, train_and_save
 from .report import card_data, model_card_template, render_model_card, write_report
 from .trainer import build_model, build_trainer
@@ -105,6 +105,7 @@ def evaluate_trained(
     import torch
     from transformers import AutoModelForCausalLM, TrainingArguments
 
+    from zpx_hf_train.distributed import machine_count
     from zpx_hf_train.evaluation import evaluate_model
 
     data, training_args = run[DataArguments], run[TrainingArguments]
