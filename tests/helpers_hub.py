@@ -128,12 +128,12 @@ class LocalHub:
 
     @property
     def storage_url(self) -> str:
-        host, port = self.storage.server_address[:2]
-        return f"http://{host}:{port}"
+        # the same loopback server under another host name: huggingface_hub < 2 tells hosts apart by name only
+        return f"http://localhost:{self.storage.server_address[1]}"
 
     def start(self) -> LocalHub:
-        """Serve the API, and LFS objects on a second port: another origin, as the Hub's CDN is, so the client
-        takes a file's metadata from the redirect and does not follow it with the token."""
+        """Serve the API, and LFS objects on a second port named `localhost`: another host, as the Hub's CDN is, so
+        the client takes a file's metadata from the redirect and does not follow it with the token."""
         self.server, self.storage = (ThreadingHTTPServer(("127.0.0.1", 0), _Handler) for _ in range(2))
         for server, storage in ((self.server, False), (self.storage, True)):
             server.daemon_threads, server.hub, server.is_storage = True, self, storage

@@ -72,7 +72,7 @@ def test_push_a_branch_and_a_tag_then_load_remote_code_of_each_revision(local_hu
         assert set(on_hub) == {*saved, "README.md", ".gitattributes"}
         assert all(on_hub[name] == data for name, data in saved.items()), case
         assert local_hub.files(repo_id, "dev")["model.safetensors"] != on_hub["model.safetensors"]
-    # the weights went through git-lfs (batch API, PUT to the storage origin, verify), the rest in the commit
+    # the weights went through git-lfs (batch API, PUT to the storage host, verify), the rest in the commit
     methods = {(method, path.split("/")[-1] if "lfs" in path else path) for method, path in local_hub.requests}
     assert {("POST", "batch"), ("POST", "verify")} <= methods
     assert sum(method == "PUT" for method, _ in local_hub.requests) == 2 * len(CASES)
