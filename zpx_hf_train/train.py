@@ -135,6 +135,7 @@ def evaluate_trained(
     import torch
     from transformers import AutoModelForCausalLM, TrainingArguments
 
+    from zpx_hf_train.distributed import machine_count
     from zpx_hf_train.evaluation import evaluate_model
 
     data, training_args = run[DataArguments], run[TrainingArguments]
@@ -158,6 +159,7 @@ def evaluate_trained(
         "parameters": num_params,
         "steps": trainer.state.global_step,
         "world_size": training_args.world_size,
+        "machines": machine_count(training_args.world_size),
         "parallelism": configure_launch(),
         "effective_batch": training_args.per_device_train_batch_size
         * training_args.world_size

@@ -84,7 +84,8 @@ class _Sharded(torch.nn.Module):
 
 
 class GeometricTrainer(Trainer):
-    """`Trainer` with the family's model card, a clear error when the Hub is unreachable, and CPU FSDP."""
+    """`Trainer` with the family's model card, a clear error when the Hub is unreachable, the Hub branch
+    `hub_revision` created before training, and CPU FSDP."""
 
     card_text: str | None = None
     saved_digest: dict[str, Any] | None = None
@@ -103,6 +104,11 @@ class GeometricTrainer(Trainer):
         # forwarded as given: transformers 5.17 takes `token` only, later releases also `private`
         try:
             super().init_hf_repo(*args, **kwargs)
+            if self.args.hub_revision and self.is_world_process_zero():
+                # `Trainer` uploads to this branch and never creates it: the push would fail after the whole run
+                from huggingface_hub import HfApi
+
+                HfApi().create_branch(self.hub_model_id, branch=self.args.hub_revision, exist_ok=True)
         except Exception as error:  # network, login or permission: before any training
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             name = self.args.hub_model_id or Path(self.args.output_dir).name
