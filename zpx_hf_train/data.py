@@ -325,7 +325,8 @@ def source_name(source: str) -> str:
 
 
 def build_datasets(data: DataArguments) -> dict[str, Any]:
-    """`train` (text blocks + task examples), `heldout` (text blocks or None), `tasks` (eval sets by name),
+    """`train` (text blocks + task examples), `text_train` (its text blocks alone, or None), `heldout` (text
+    blocks or None), `tasks` (eval sets by name),
     `eval` (what `Trainer` evaluates: held-out text, else the task sets), `description` (card lines) and
     `packing` (the report line saying whether the training rows were packed)."""
     from datasets import concatenate_datasets
@@ -346,9 +347,10 @@ def build_datasets(data: DataArguments) -> dict[str, Any]:
             heldout = text_dataset(heldout_docs, data.seq_len, data.max_eval_blocks)
         except ValueError:
             heldout = None  # held-out text shorter than one block: perplexity is skipped
+        held = f"{len(heldout)} held-out blocks" if heldout is not None else "no held-out block"
         descriptions.append(
             f"text: {source_name(data.text_source)}, {len(train_docs)} train / {len(heldout_docs)} held-out "
-            f"documents, {len(parts[0])} train blocks of {data.seq_len} bytes"
+            f"documents, {len(parts[0])} train blocks / {held} of {data.seq_len} bytes"
         )
     tasks = {}
     for task, count in train_example_counts(data).items():
@@ -376,6 +378,7 @@ def build_datasets(data: DataArguments) -> dict[str, Any]:
         eval_sets = {name: dataset.select_columns(COLUMNS) for name, dataset in tasks.items()} or None
     return {
         "train": train,
+        "text_train": parts[0] if data.text_source != "none" else None,
         "heldout": heldout,
         "tasks": tasks,
         "eval": eval_sets,
