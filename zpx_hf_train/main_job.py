@@ -280,8 +280,8 @@ def write_summary(
         "",
         f"Recall tasks on held-out examples (learned: answer-token accuracy >= {RECALL_BAR}; chance: uniform guessing "
         "over the answer alphabet; copy floor: answering with a value drawn uniformly from the context, 1 / C + "
-        "(1 - 1 / C) / |alphabet| for C candidates, `zpx_hf_train.report.recall_floor`; at the floor: within 3 "
-        "binomial standard errors of it):",
+        "(1 - 1 / C) / |alphabet| for C candidates, `zpx_hf_train.report.recall_floor`; at the floor: at most 3 "
+        "binomial standard errors above it):",
         "",
         recall_table(recall),
         "",
