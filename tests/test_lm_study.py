@@ -138,7 +138,9 @@ def test_a_tiny_study_records_provenance_and_a_rerun_skips_finished_rows(tmp_pat
     path = tmp_path / "out" / "lm_study_lm_smoke.jsonl"
     first = read_rows(path)
     assert [(r["variant"], r["seed"], r["lr"]) for r in first] == [("baseline", 0, 3e-4), ("baseline", 0, 1e-3)]
-    assert all(r["status"] == "ok" and r["commit"] and "command" in r and r["stage"] == "select" for r in first)
+    assert all(
+        r["status"] == "ok" and r["commit"] and r["command"] and r["machine"] and r["stage"] == "select" for r in first
+    )
     assert all("test_bpb@16" not in r for r in first)  # the selection seed is never tested
     lm_study.main([*argv, "--max-runs", "1"])
     rows = read_rows(path)

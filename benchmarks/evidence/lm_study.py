@@ -415,7 +415,8 @@ def render(spec: LMSpec, corpus: Corpus, done: dict[Job, dict], meta: dict[str, 
         "# Language modelling on real text: byte-level, CPython's standard-library sources",
         "",
         f"Command: `{meta['command']}` (resumable: a rerun skips finished rows; `--report` re-renders). "
-        f"Status: {finished} of {total} runs done. Machine: {meta['machine']}.",
+        f"Status: {finished} of {total} runs done (the runs planned so far: a grid widens when its pick is on an "
+        f"edge). Machine: {meta['machine']}.",
         "",
         f"Corpus: {fp['files']} `.py` files of Python {fp['python']}'s standard library (test suites and "
         f"site-packages excluded), {fp['bytes']:,} bytes; split by file 90 / 5 / 5 (seed {SPLIT_SEED}): train "
@@ -512,7 +513,9 @@ def render(spec: LMSpec, corpus: Corpus, done: dict[Job, dict], meta: dict[str, 
         f"baseline test bits per byte (negative: the variant compresses better) with its paired bootstrap interval "
         f"over seeds x test blocks at the Bonferroni level {level:.4f} (= 1 − {ALPHA}/{len(comparisons)}); the "
         "verdict is that interval's (excludes 0: better / worse). Exact permutation test over the seeds' means beside "
-        "it: with 3 vs 3 seeds it cannot go below 0.1, so it can never reject here; it says how the seeds order.",
+        f"it, with the smallest p its seeds can give ({len(spec.report_seeds)} vs {len(spec.report_seeds)} seeds: "
+        f"{2 / math.comb(2 * len(spec.report_seeds), len(spec.report_seeds)):.3f}), so it cannot reject at "
+        f"{ALPHA} here; it says how the seeds order.",
         "",
         *markdown_table(["variant", "context", "Δ bpb [interval]", "exact permutation p", "seeds", "verdict"], rows),
         "",
@@ -576,7 +579,7 @@ def main(argv: list[str] | None = None) -> None:
             break
         variant, seed, lr = todo[0]
         row = run_lm(spec, corpus, variant, seed, lr, table[variant])
-        row.update(protocol=protocol, corpus=corpus.fingerprint, command=command, **commit)
+        row.update(protocol=protocol, corpus=corpus.fingerprint, command=command, machine=meta["machine"], **commit)
         append_row(path, row)
         runs += 1
         done = index_rows(read_rows(path), protocol)
