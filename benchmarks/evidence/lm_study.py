@@ -436,7 +436,7 @@ def render(spec: LMSpec, corpus: Corpus, done: dict[Job, dict], meta: dict[str, 
     ]
     header = ["variant", "hidden / MLP", "body params", "embedding + head", "FLOPs / step", "lr grid (val bpb)"]
     header += ["selected lr"] + [f"test bpb @{c}" for c in spec.eval_contexts]
-    body, seeds_of = [], {}
+    body, seeds_of, summary = [], {}, {}
     for variant in spec.variants:
         chosen = selection(variant, done)
         runs = [r for (v, s, _), r in done.items() if v == variant and r.get("status") == "ok"]
@@ -460,6 +460,17 @@ def render(spec: LMSpec, corpus: Corpus, done: dict[Job, dict], meta: dict[str, 
             if chosen["pick"] is not None and done.get((variant, s, chosen["pick"]), {}).get("status") == "ok"
         ]
         seeds_of[variant] = seeds
+        summary[variant] = {
+            "grid": {
+                f"{lr:g}": val_value(done[(variant, SELECT_SEED, lr)])
+                for lr in chosen["grid"]
+                if (variant, SELECT_SEED, lr) in done
+            },
+            "pick": chosen["pick"],
+            "edge": chosen["edge"],
+            "seeds": [r["seed"] for r in seeds],
+            **{f"test_bpb@{c}": [r[f"test_bpb@{c}"] for r in seeds] for c in spec.eval_contexts},
+        }
         cells = []
         for c in spec.eval_contexts:
             values = [r[f"test_bpb@{c}"] for r in seeds]
@@ -522,7 +533,8 @@ def render(spec: LMSpec, corpus: Corpus, done: dict[Job, dict], meta: dict[str, 
     ]
     text = "\n".join(lines)
     stem.with_suffix(".md").write_text(text)
-    payload = {"meta": meta, "spec": asdict(spec), "corpus": fp, "ngram": refs, "comparisons": results}
+    payload = {"meta": meta, "spec": asdict(spec), "corpus": fp, "ngram": refs, "variants": summary}
+    payload["comparisons"] = results
     payload["progress"] = {"done": finished, "planned": total}
     stem.with_suffix(".json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
     return text
