@@ -223,3 +223,24 @@ def test_the_ngram_model_is_a_distribution_over_its_alphabet():
         assert total == pytest.approx(1.0, abs=1e-12)
     with pytest.raises(ValueError, match="symbols must lie"):
         model.bits(np.array([0, 7]))
+
+
+def test_a_comparison_reads_its_verdict_off_the_bootstrap_interval():
+    """Lower bits per byte is better: a variant 0.5 below the baseline on every block of every seed is `better`,
+    one equal to it `within noise`; the exact permutation p of 3 vs 3 separated seeds is its minimum, 0.1."""
+    rng = np.random.default_rng(0)
+
+    def rows(shift: float) -> list[dict]:
+        out = []
+        for _ in range(3):
+            bits = 2.0 + 0.3 * rng.standard_normal(40) + shift
+            out.append({"test_bpb@8": float(bits.mean()), "test_bits@8": lm_study.encode_floats(bits)})
+        return out
+
+    baseline = rows(0.0)
+    better = lm_study.compare(rows(-0.5), baseline, 8, level=0.99)
+    assert better["verdict"] == "better" and better["ci"][1] < 0 and better["p"] == pytest.approx(0.1)
+    worse = lm_study.compare(rows(+0.5), baseline, 8, level=0.99)
+    assert worse["verdict"] == "worse" and worse["ci"][0] > 0
+    same = lm_study.compare(baseline, baseline, 8, level=0.99)
+    assert same["verdict"] == "within noise" and same["p"] == pytest.approx(1.0)
