@@ -145,6 +145,12 @@ def test_a_tiny_study_records_provenance_and_a_rerun_skips_finished_rows(tmp_pat
     lm_study.main([*argv, "--max-runs", "1"])
     rows = read_rows(path)
     assert len(rows) == 3 and rows[:2] == first and (rows[2]["variant"], rows[2]["lr"]) == ("baseline", 3e-3)
+    fcntl = pytest.importorskip("fcntl")
+    with open(path, "a") as held:  # another study holds the rows: this one stops before training anything
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(SystemExit) as stop:
+            lm_study.main([*argv, "--max-runs", "1"])
+        assert stop.value.code == 2 and len(read_rows(path)) == 3
     (root / "mod_00.py").write_text("another corpus\n")
     with pytest.raises(SystemExit) as stop:  # rows of another corpus are refused, never mixed in
         lm_study.main([*argv, "--max-runs", "1"])

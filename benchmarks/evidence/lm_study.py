@@ -5,6 +5,11 @@ parameters and tokens, with length extrapolation.
     python -m benchmarks.evidence.lm_study --report        # re-render results/lm_study.{md,json} from the rows
     python -m benchmarks.evidence.lm_study --size lm_smoke # its machinery in seconds
 
+On a shared machine it runs in the background on idle CPU, as started here (a second study on the same rows file
+stops at once: it holds a lock on it; the first run, at commit 550d185, held none, so check `pgrep -af lm_study`):
+
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 nohup nice -n 19 python -m benchmarks.evidence.lm_study > /tmp/lm_study.log 2>&1 &
+
 Corpus: every `.py` file under `sysconfig.get_paths()["stdlib"]` except site-packages and the test suites
 (folders named test, tests or idle_test: 19 MB more, much of it test data), sorted, split by file 90 / 5 / 5 with
 a fixed seed. Each split is its files' bytes concatenated in sorted order, one token per byte (the package's byte
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import datetime
 import hashlib
 import json
@@ -38,6 +44,7 @@ import random
 import statistics as st
 import sys
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -543,6 +550,24 @@ def render(spec: LMSpec, corpus: Corpus, done: dict[Job, dict], meta: dict[str, 
 # ---- command line ---------------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def rows_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on the rows file while the study runs (`fcntl.flock`, released at exit however the
+    process ends): a second study on the same rows would train the same jobs twice, so it stops instead."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): run one study per rows file by hand
+        yield
+        return
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"{COMMAND}: error: another study is running on {path} (pgrep -af lm_study)", file=sys.stderr)
+            raise SystemExit(2) from None
+        yield
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="lm")
@@ -585,24 +610,25 @@ def main(argv: list[str] | None = None) -> None:
     commit = provenance()
     if commit["dirty"]:
         print(f"[warning] the working tree differs from commit {commit['commit'][:10]}: rows are flagged dirty=true")
-    runs = 0
-    while todo := runnable(spec, index_rows(read_rows(path), protocol)):
-        if args.max_runs is not None and runs >= args.max_runs:
-            break
-        variant, seed, lr = todo[0]
-        row = run_lm(spec, corpus, variant, seed, lr, table[variant])
-        row.update(protocol=protocol, corpus=corpus.fingerprint, command=command, machine=meta["machine"], **commit)
-        append_row(path, row)
-        runs += 1
-        done = index_rows(read_rows(path), protocol)
-        finished, total = progress(spec, done)
-        shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if "bits" not in k}
-        shown = {k: shown[k] for k in ("variant", "seed", "lr", "status", "val_bpb", "seconds") if k in shown}
-        print(f"[{finished}/{total} runs] {shown}", flush=True)
-        try:  # the row is safe in the jsonl; a report error must not stop the study
-            render(spec, corpus, done, meta, stem)
-        except Exception as error:
-            print(f"[warning] the report was not rendered ({type(error).__name__}: {error}); rerun with --report")
+    with rows_lock(path):
+        runs = 0
+        while todo := runnable(spec, index_rows(read_rows(path), protocol)):
+            if args.max_runs is not None and runs >= args.max_runs:
+                break
+            variant, seed, lr = todo[0]
+            row = run_lm(spec, corpus, variant, seed, lr, table[variant])
+            row.update(protocol=protocol, corpus=corpus.fingerprint, command=command, machine=meta["machine"], **commit)
+            append_row(path, row)
+            runs += 1
+            done = index_rows(read_rows(path), protocol)
+            finished, total = progress(spec, done)
+            shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if "bits" not in k}
+            shown = {k: shown[k] for k in ("variant", "seed", "lr", "status", "val_bpb", "seconds") if k in shown}
+            print(f"[{finished}/{total} runs] {shown}", flush=True)
+            try:  # the row is safe in the jsonl; a report error must not stop the study
+                render(spec, corpus, done, meta, stem)
+            except Exception as error:
+                print(f"[warning] the report was not rendered ({type(error).__name__}: {error}); rerun with --report")
     print(render(spec, corpus, index_rows(read_rows(path), protocol), meta, stem))
 
 
