@@ -339,11 +339,12 @@ def source_name(source: str) -> str:
 
 
 def build_datasets(data: DataArguments, tokenizer: Any = None) -> dict[str, Any]:
-    """`train` (text blocks + task examples), `heldout` (text blocks or None), `tasks` (eval sets by name),
-    `eval` (what `Trainer` evaluates: held-out text, else the task sets), `description` (card lines), `packing`
-    (the report line saying whether the training rows were packed), `tokenizer` (the given one, else
-    `tokenizer.training_tokenizer` of `data.tokenizer`, trained on the training split when asked) and
-    `heldout_bytes` (UTF-8 bytes of the held-out blocks' scored tokens; None for the byte tokenizer)."""
+    """`train` (text blocks + task examples), `text_train` (its text blocks alone, or None), `heldout` (text
+    blocks or None), `tasks` (eval sets by name), `eval` (what `Trainer` evaluates: held-out text, else the task
+    sets), `description` (card lines), `packing` (the report line saying whether the training rows were packed),
+    `tokenizer` (the given one, else `tokenizer.training_tokenizer` of `data.tokenizer`, trained on the training
+    split when asked) and `heldout_bytes` (UTF-8 bytes of the held-out blocks' scored tokens; None for the byte
+    tokenizer)."""
     from datasets import concatenate_datasets
 
     from zpx_hf_train.data_tasks import split_documents, task_dataset, text_dataset
@@ -365,9 +366,10 @@ def build_datasets(data: DataArguments, tokenizer: Any = None) -> dict[str, Any]
         except ValueError:
             heldout = None  # held-out text shorter than one block: perplexity is skipped
         unit = "bytes" if is_byte_tokenizer(tokenizer) else "tokens"
+        held = f"{len(heldout)} held-out blocks" if heldout is not None else "no held-out block"
         descriptions.append(
             f"text: {source_name(data.text_source)}, {len(train_docs)} train / {len(heldout_docs)} held-out "
-            f"documents, {len(parts[0])} train blocks of {data.seq_len} {unit}"
+            f"documents, {len(parts[0])} train blocks / {held} of {data.seq_len} {unit}"
         )
     tokenizer = tokenizer if tokenizer is not None else training_tokenizer(data, ())
     byte_level = is_byte_tokenizer(tokenizer)
@@ -406,6 +408,7 @@ def build_datasets(data: DataArguments, tokenizer: Any = None) -> dict[str, Any]
         eval_sets = {name: dataset.select_columns(COLUMNS) for name, dataset in tasks.items()} or None
     return {
         "train": train,
+        "text_train": parts[0] if data.text_source != "none" else None,
         "heldout": heldout,
         "tasks": tasks,
         "eval": eval_sets,
