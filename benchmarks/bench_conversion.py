@@ -1,14 +1,14 @@
 """Does conversion pay? A pretrained Llama continued as itself, converted to ZPX and continued, and ZPX from scratch.
 
-    nice -n 19 env OMP_NUM_THREADS=1 python -m benchmarks.bench_conversion            # the committed table; resumable
-    python -m benchmarks.bench_conversion --tiny --results /tmp/conv                  # a seconds-long functional run
-    python -m benchmarks.bench_conversion --report                                    # re-render the markdown only
+    nice -n 19 env OMP_NUM_THREADS=1 python -m benchmarks.bench_conversion [--seeds 0 1 2]  # the table; resumable
+    python -m benchmarks.bench_conversion --tiny --results /tmp/conv  # a seconds-long functional run
+    python -m benchmarks.bench_conversion --report                    # re-render the markdown from the rows
 
 Per seed: a `LlamaForCausalLM` (transformers' own class, byte tokenizer) is pretrained on the embedded CPython
-pydoc corpus for `--pretrain-steps` steps with the package's `Trainer` (`zpx_hf_train.trainer.build_trainer`),
-saved, and converted with `zpx_hf.convert_llama_to_zpx` (`zpx-convert`). Then three arms continue for `--steps`
-steps on the same rows in the same order (equal steps and tokens: text blocks plus the recall tasks mqar, passkey
-and selective_copy, built by `zpx_hf_train.data.build_datasets` as `zpx-train` builds them):
+pydoc corpus for `Settings.pretrain_steps` steps with the package's `Trainer` (`zpx_hf_train.trainer.build_trainer`),
+saved, and converted with `zpx_hf.convert_llama_to_zpx` (`zpx-convert`). Then three arms continue for
+`Settings.steps` steps on the same rows in the same order (equal steps and tokens: text blocks plus the recall
+tasks mqar, passkey and selective_copy, built by `zpx_hf_train.data.build_datasets` as `zpx-train` builds them):
 - `converted`: the converted ZPX (its per-head lambdas start at 0 and are trained; `model.init_from`);
 - `llama`: the pretrained Llama itself;
 - `scratch`: a new ZPX of the same widths with the package's defaults (SRPE, fixed lambdas 1), no pretraining.
@@ -26,7 +26,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import shlex
 import statistics
 import sys
 import time
@@ -250,13 +249,15 @@ def mean_sd(values: list[float]) -> str:
     return f"{statistics.fmean(values):.3f} ± {sd:.3f}" if len(values) > 1 else f"{values[0]:.3f}"
 
 
-def render(rows: list[dict[str, Any]], settings: Settings, command: str) -> str:
+def render(rows: list[dict[str, Any]], settings: Settings) -> str:
     """The markdown table: per arm, mean ± sd over seeds and each seed's value."""
     rows = [row for row in rows if row["settings"] == settings.fingerprint()]
+    commands = sorted({row.get("command", "") for row in rows} - {""})
     by_arm = {arm: sorted((r for r in rows if r["arm"] == arm), key=lambda r: r["seed"]) for arm in ARMS}
     seeds = sorted({r["seed"] for r in rows})
     lines = [
-        f"Command: `{command}` ({machine()}; one thread). Settings `{settings.fingerprint()}`: "
+        f"Commands: {', '.join(f'`{c}`' for c in commands)} (rows; `--report` renders this table; {machine()}; "
+        f"one thread each, `nice -n 19`). Settings `{settings.fingerprint()}`: "
         f"{json.dumps(dataclasses.asdict(settings))}.",
         "",
         f"A `LlamaForCausalLM` ({settings.layers} layers, hidden {settings.hidden}, {settings.heads} heads, "
@@ -336,20 +337,19 @@ def main(argv: list[str] | None = None) -> int:
     settings = TINY if args.tiny else Settings()
     args.results.mkdir(parents=True, exist_ok=True)
     jsonl, markdown = args.results / "bench_conversion.jsonl", args.results / "bench_conversion.md"
-    command = "python -m benchmarks.bench_conversion" + (" --tiny" if args.tiny else "")
+    command = "OMP_NUM_THREADS=1 python -m benchmarks.bench_conversion" + (" --tiny" if args.tiny else "")
     command += f" --seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0, 1, 2] else ""
     if not args.report:
-        done = {(r["seed"], r["arm"]) for r in read_rows(jsonl) if r["settings"] == settings.fingerprint()}
         for seed in args.seeds:
             for arm in ARMS:
-                if (seed, arm) in done:
+                rows = [r for r in read_rows(jsonl) if r["settings"] == settings.fingerprint()]
+                if any((r["seed"], r["arm"]) == (seed, arm) for r in rows):  # read again: other seeds may run beside
                     continue
-                row = run_cell(settings, seed, arm, args.work)
+                row = {**run_cell(settings, seed, arm, args.work), "command": command}
                 append_row(jsonl, row)
                 print(f"seed {seed} {arm}: bits/byte {row['step0']['bits_per_byte']:.4f} -> "
                       f"{row['final']['bits_per_byte']:.4f} ({row['seconds']} s)", flush=True)  # fmt: skip
-                markdown.write_text(render(read_rows(jsonl), settings, shlex.join(shlex.split(command))))
-    markdown.write_text(render(read_rows(jsonl), settings, command))
+    markdown.write_text(render(read_rows(jsonl), settings))
     print(f"wrote {markdown}")
     return 0
 
