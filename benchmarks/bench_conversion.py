@@ -57,13 +57,13 @@ class Settings:
     phase_channels: int = 8  # zpx-convert's default C
     seq_len: int = 128
     batch: int = 16
-    pretrain_steps: int = 800
-    steps: int = 400
+    pretrain_steps: int = 400
+    steps: int = 200
     pretrain_lr: float = 3e-3
     lr: float = 1e-3
-    train_examples_per_task: int = 800
-    eval_blocks: int = 64
-    eval_examples_per_task: int = 128
+    train_examples_per_task: int = 400
+    eval_blocks: int = 48
+    eval_examples_per_task: int = 64
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:12]
