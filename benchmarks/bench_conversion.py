@@ -242,11 +242,12 @@ def run_cell(settings: Settings, seed: int, arm: str, work: Path) -> dict[str, A
     return row
 
 
-def mean_sd(values: list[float]) -> str:
-    if not values:
-        return ""
-    sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-    return f"{statistics.fmean(values):.3f} ± {sd:.3f}" if len(values) > 1 else f"{values[0]:.3f}"
+def mean_sd(values: list[float], digits: int = 3) -> str:
+    """`mean ± sd [each seed's value]` (one value: itself)."""
+    if len(values) < 2:
+        return f"{values[0]:.{digits}f}" if values else ""
+    seeds = ", ".join(f"{v:.{digits}f}" for v in values)
+    return f"{statistics.fmean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f} [{seeds}]"
 
 
 def render(rows: list[dict[str, Any]], settings: Settings) -> str:
@@ -258,7 +259,8 @@ def render(rows: list[dict[str, Any]], settings: Settings) -> str:
     lines = [
         f"Commands: {', '.join(f'`{c}`' for c in commands)} (rows; `--report` renders this table; {machine()}; "
         f"one thread each, `nice -n 19`). Settings `{settings.fingerprint()}`: "
-        f"{json.dumps(dataclasses.asdict(settings))}.",
+        f"{json.dumps(dataclasses.asdict(settings))}; commits of the rows: "
+        f"{', '.join(sorted({r['commit'][:10] for r in rows}))}.",
         "",
         f"A `LlamaForCausalLM` ({settings.layers} layers, hidden {settings.hidden}, {settings.heads} heads, "
         f"{settings.kv_heads} key-value heads, byte tokenizer) is pretrained for {settings.pretrain_steps} steps "
@@ -266,24 +268,22 @@ def render(rows: list[dict[str, Any]], settings: Settings) -> str:
         f"then each arm continues {settings.steps} steps on the same rows in the same order (pydoc text and the "
         f"recall tasks, lr {settings.lr}, linear decay). Held-out: bits per byte on {settings.eval_blocks} blocks "
         f"of held-out pydoc documents; recall: answer-token accuracy on {settings.eval_examples_per_task} examples "
-        f"per task. Mean ± sd over seeds {seeds}; seeds' values in brackets.",
+        f"per task. Mean ± sd over seeds {seeds}, each seed's value in brackets.",
         "",
-        "| arm | parameters | bits/byte, step 0 | bits/byte, step "
-        f"{settings.steps} | per seed | " + " | ".join(f"{t}, step {settings.steps}" for t in TASKS) + " |",
-        "|---|---|---|---|---|" + "---|" * len(TASKS),
+        f"| arm | parameters | bits/byte, step 0 | bits/byte, step {settings.steps} | "
+        + " | ".join(f"{t}, step {settings.steps}" for t in TASKS)
+        + " |",
+        "|---|---|---|---|" + "---|" * len(TASKS),
     ]
     for arm in ARMS:
         cells = by_arm[arm]
         if not cells:
-            lines.append(f"| {ARM_NAMES[arm]} | not run | | | |" + " |" * len(TASKS))
+            lines.append(f"| {ARM_NAMES[arm]} | not run | | |" + " |" * len(TASKS))
             continue
-        start = [r["step0"]["bits_per_byte"] for r in cells]
-        end = [r["final"]["bits_per_byte"] for r in cells]
-        tasks = [mean_sd([r["final"][f"{t}_token_accuracy"] for r in cells]) for t in TASKS]
-        lines.append(
-            f"| {ARM_NAMES[arm]} | {cells[0]['parameters']:,} | {mean_sd(start)} | {mean_sd(end)} | "
-            f"[{', '.join(f'{v:.3f}' for v in end)}] | " + " | ".join(tasks) + " |"
-        )
+        start = mean_sd([r["step0"]["bits_per_byte"] for r in cells])
+        end = mean_sd([r["final"]["bits_per_byte"] for r in cells])
+        tasks = [mean_sd([r["final"][f"{t}_token_accuracy"] for r in cells], 2) for t in TASKS]
+        lines.append(f"| {ARM_NAMES[arm]} | {cells[0]['parameters']:,} | {start} | {end} | " + " | ".join(tasks) + " |")
     lines += ["", *verdict(by_arm, settings)]
     return "\n".join(lines) + "\n"
 
@@ -297,16 +297,22 @@ def paired(by_arm: dict[str, list[dict[str, Any]]], arm: str, other: str, key: s
 def verdict(by_arm: dict[str, list[dict[str, Any]]], settings: Settings) -> list[str]:
     """Per-seed differences in held-out bits per byte after the steps, in words."""
     lines = []
-    exact = [
-        abs(c["step0"]["bits_per_byte"] - l["step0"]["bits_per_byte"])
-        for c, l in zip(by_arm["converted"], by_arm["llama"])
-        if c["seed"] == l["seed"]
-    ]
+    llama = {r["seed"]: r for r in by_arm["llama"]}
+    exact = [abs(r["step0"]["bits_per_byte"] - llama[r["seed"]]["step0"]["bits_per_byte"]) for r in
+             by_arm["converted"] if r["seed"] in llama]  # fmt: skip
     if exact:
         lines.append(
             f"At step 0 the converted ZPX's held-out bits per byte equal the Llama's (largest difference over seeds "
             f"{max(exact):.1e}): the conversion starts from the source's function."
         )
+    lambdas = [abs(v) for r in by_arm["converted"] for kind in ("angle", "sphere") for layer in
+               r["lambdas_end"][kind] for v in layer]  # fmt: skip
+    if lambdas:
+        lines.append(
+            f"After {settings.steps} steps the converted model's per-head lambdas (from 0) have |lambda| "
+            f"{statistics.fmean(lambdas):.4f} on average (largest {max(lambdas):.4f}, all heads, layers, seeds)."
+        )
+        lines.append("")
     for other in ("llama", "scratch"):
         diffs = paired(by_arm, "converted", other, "bits_per_byte")
         if len(diffs) < 2:
