@@ -2,6 +2,7 @@
 
     nice -n 19 env OMP_NUM_THREADS=1 python -m benchmarks.bench_conversion [--seeds 0 1 2]  # the table; resumable
     python -m benchmarks.bench_conversion --tiny --results /tmp/conv  # a seconds-long functional run
+    python -m benchmarks.bench_conversion --steps 400 --lr 3e-3       # another continuation, same pretrained Llamas
     python -m benchmarks.bench_conversion --report                    # re-render the markdown from the rows
 
 Per seed: a `LlamaForCausalLM` (transformers' own class, byte tokenizer) is pretrained on the embedded CPython
@@ -65,8 +66,18 @@ class Settings:
     eval_blocks: int = 48
     eval_examples_per_task: int = 64
 
-    def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+    def fingerprint(self, fields: tuple[str, ...] | None = None) -> str:
+        values = {key: value for key, value in dataclasses.asdict(self).items() if fields is None or key in fields}
+        return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
+
+    def pretraining(self) -> str:
+        """The fingerprint of what the pretrained and converted Llama depend on: settings that differ only in the
+        continuation share them."""
+        return self.fingerprint(PRETRAINING_FIELDS)
+
+
+PRETRAINING_FIELDS = ("hidden", "intermediate", "layers", "heads", "kv_heads", "phase_channels", "seq_len", "batch")
+PRETRAINING_FIELDS += ("pretrain_steps", "pretrain_lr")
 
 
 TINY = Settings(
@@ -165,7 +176,7 @@ def pretrained_llama(settings: Settings, seed: int, work: Path) -> tuple[Path, P
     from zpx_hf.tokenization_bytes import build_byte_tokenizer
     from zpx_hf_train.data import build_datasets
 
-    folder = work / settings.fingerprint() / f"seed{seed}"
+    folder = work / settings.pretraining() / f"seed{seed}"
     llama, zpx, facts_file = folder / "llama", folder / "zpx", folder / "pretraining.json"
     if not facts_file.is_file():
         set_seed(seed)
@@ -225,6 +236,7 @@ def run_cell(settings: Settings, seed: int, arm: str, work: Path) -> dict[str, A
     set_seed(seed)
     model = arm_model(arm, settings, llama, zpx)
     row: dict[str, Any] = {"seed": seed, "arm": arm, "settings": settings.fingerprint(), **provenance()}
+    row["settings_fields"] = dataclasses.asdict(settings)
     row["parameters"] = sum(p.numel() for p in model.parameters())
     started = time.perf_counter()
     row["step0"] = summary(evaluate_model(model, datasets["heldout"], datasets["tasks"], 32))
@@ -250,17 +262,26 @@ def mean_sd(values: list[float], digits: int = 3) -> str:
     return f"{statistics.fmean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f} [{seeds}]"
 
 
-def render(rows: list[dict[str, Any]], settings: Settings) -> str:
-    """The markdown table: per arm, mean ± sd over seeds and each seed's value."""
-    rows = [row for row in rows if row["settings"] == settings.fingerprint()]
+def render(rows: list[dict[str, Any]]) -> str:
+    """One section per settings in the rows (the default first): its table and verdict."""
+    groups: dict[str, Settings] = {}
+    for row in rows:
+        groups.setdefault(row["settings"], Settings(**row["settings_fields"]))
+    order = sorted(groups, key=lambda key: (groups[key] != Settings(), groups[key].steps, groups[key].lr))
+    return "\n".join(render_settings([r for r in rows if r["settings"] == key], groups[key]) for key in order)
+
+
+def render_settings(rows: list[dict[str, Any]], settings: Settings) -> str:
+    """The markdown table of one settings: per arm, mean ± sd over seeds and each seed's value."""
     commands = sorted({row.get("command", "") for row in rows} - {""})
     by_arm = {arm: sorted((r for r in rows if r["arm"] == arm), key=lambda r: r["seed"]) for arm in ARMS}
     seeds = sorted({r["seed"] for r in rows})
     lines = [
-        f"Commands: {', '.join(f'`{c}`' for c in commands)} (rows; `--report` renders this table; {machine()}; "
-        f"one thread each, `nice -n 19`). Settings `{settings.fingerprint()}`: "
-        f"{json.dumps(dataclasses.asdict(settings))}; commits of the rows: "
-        f"{', '.join(sorted({r['commit'][:10] for r in rows}))}.",
+        f"**Continued {settings.steps} steps at lr {settings.lr}** (settings `{settings.fingerprint()}`)",
+        "",
+        f"Commands: {', '.join(f'`{c}`' for c in commands)} (the rows; `--report` renders the tables; {machine()}; "
+        f"one thread each, `nice -n 19`). Settings: {json.dumps(dataclasses.asdict(settings))}; commits of the "
+        f"rows: {', '.join(sorted({r['commit'][:10] for r in rows}))}.",
         "",
         f"A `LlamaForCausalLM` ({settings.layers} layers, hidden {settings.hidden}, {settings.heads} heads, "
         f"{settings.kv_heads} key-value heads, byte tokenizer) is pretrained for {settings.pretrain_steps} steps "
@@ -284,7 +305,14 @@ def render(rows: list[dict[str, Any]], settings: Settings) -> str:
         end = mean_sd([r["final"]["bits_per_byte"] for r in cells])
         tasks = [mean_sd([r["final"][f"{t}_token_accuracy"] for r in cells], 2) for t in TASKS]
         lines.append(f"| {ARM_NAMES[arm]} | {cells[0]['parameters']:,} | {start} | {end} | " + " | ".join(tasks) + " |")
-    lines += ["", *verdict(by_arm, settings)]
+    seconds = {arm: statistics.fmean(r["seconds"] for r in cells) for arm, cells in by_arm.items() if cells}
+    lines += [
+        "",
+        "Wall seconds per cell (continuation and both evaluations; mean over seeds, on a shared machine, so only "
+        "indicative): " + ", ".join(f"{ARM_NAMES[arm]} {value:.0f}" for arm, value in seconds.items()) + ".",
+        "",
+        *verdict(by_arm, settings),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -324,10 +352,11 @@ def verdict(by_arm: dict[str, list[dict[str, Any]]], settings: Settings) -> list
             word = f"no difference these {len(diffs)} seeds resolve (p >= {ALPHA})"
         else:
             word = "the converted model is " + ("lower (better)" if mean < 0 else "higher (worse)")
+        theirs = statistics.fmean(r["final"]["bits_per_byte"] for r in by_arm[other])
         lines.append(
-            f"- converted minus {ARM_NAMES[other].lower()}, held-out bits per byte after {settings.steps} steps: "
-            f"{mean:+.4f} ± {sd:.4f} (per seed {', '.join(f'{d:+.4f}' for d in diffs)}; paired t = {t:.2f}, "
-            f"p = {p:.3f}): {word}."
+            f"- converted minus {ARM_NAMES[other]}, held-out bits per byte after {settings.steps} steps: "
+            f"{mean:+.4f} ± {sd:.4f} ({100 * mean / theirs:+.2f}% of its {theirs:.3f}; per seed "
+            f"{', '.join(f'{d:+.4f}' for d in diffs)}; paired t = {t:.2f}, p = {p:.3f}): {word}."
         )
     return lines
 
@@ -339,12 +368,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder of bench_conversion.{jsonl,md}")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_conversion", help="pretrained Llamas")
     parser.add_argument("--report", action="store_true", help="only re-render the markdown from the rows")
+    parser.add_argument("--steps", type=lambda v: {"steps": int(v)}, help="continuation steps (default 200)")
+    parser.add_argument("--lr", type=lambda v: {"lr": float(v)}, help="continuation learning rate (default 1e-3)")
     args = parser.parse_args(argv)
-    settings = TINY if args.tiny else Settings()
+    settings = dataclasses.replace(TINY if args.tiny else Settings(), **(args.steps or {}), **(args.lr or {}))
     args.results.mkdir(parents=True, exist_ok=True)
     jsonl, markdown = args.results / "bench_conversion.jsonl", args.results / "bench_conversion.md"
     command = "OMP_NUM_THREADS=1 python -m benchmarks.bench_conversion" + (" --tiny" if args.tiny else "")
     command += f" --seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0, 1, 2] else ""
+    command += f" --steps {settings.steps}" if args.steps else ""
+    command += f" --lr {settings.lr}" if args.lr else ""
     if not args.report:
         for seed in args.seeds:
             for arm in ARMS:
@@ -355,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                 append_row(jsonl, row)
                 print(f"seed {seed} {arm}: bits/byte {row['step0']['bits_per_byte']:.4f} -> "
                       f"{row['final']['bits_per_byte']:.4f} ({row['seconds']} s)", flush=True)  # fmt: skip
-    markdown.write_text(render(read_rows(jsonl), settings))
+    markdown.write_text(render(read_rows(jsonl)))
     print(f"wrote {markdown}")
     return 0
 
