@@ -80,6 +80,7 @@ def train_llama(corpus: Path, folder: Path) -> LlamaForCausalLM:
         report_to="none",
         disable_tqdm=True,
         use_cpu=True,
+        dataloader_pin_memory=False,
         seed=0,
     )
     trainer = Trainer(
