@@ -54,6 +54,7 @@ training:
   report_to: none
   disable_tqdm: true
   dataloader_num_workers: 0
+  dataloader_pin_memory: false
 """
 
 
