@@ -85,8 +85,10 @@ ifdef QUICK
 	for script in $(BENCH_SCRIPTS); do $(PY) benchmarks/$$script.py --quick || exit 1; done
 	tmp=$$(mktemp -d) && $(PY) -m benchmarks.evidence --size evidence_smoke --tasks mqar \
 		--variants baseline zpx_full pct versor_hybrid --output $$tmp && rm -rf $$tmp
+	tmp=$$(mktemp -d) && $(PY) -m benchmarks.bench_conversion --tiny --results $$tmp --work $$tmp/work && rm -rf $$tmp
 else
 	for script in $(BENCH_SCRIPTS); do $(PY) benchmarks/$$script.py || exit 1; done
 	$(PY) -m benchmarks.evidence --size evidence --workers 2
+	$(PY) -m benchmarks.bench_conversion
 	$(PY) benchmarks/update_readme.py
 endif

@@ -191,6 +191,8 @@ def model_card(
 
     data, training_args = run[DataArguments], run[TrainingArguments]
     model_section = dict(run.mappings["model"])
+    if "init_from" in model_section:  # a local folder: named, never its absolute path (the card may be published)
+        model_section["init_from"] = Path(str(model_section["init_from"])).name
     model_section.setdefault("vocab_size", run.model_config.vocab_size)
     model_type = run.model_config.model_type
     tags = ["zpx-hf", model_type, "custom_code", "text-generation", "geometric-attention"]
