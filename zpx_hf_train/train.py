@@ -21,7 +21,7 @@ from typing import Any
 
 from .cli import cli_main
 from .config import ModelArguments, RunArguments, RunConfig, build_model_config, parse_config_file
-from .data import DataArguments, build_datasets, dataset_tags, validate_data_args
+from .data import DataArguments, build_datasets, check_streaming_training, dataset_tags, validate_data_args
 from .distributed import configure_launch, gather_objects, local_parameter_count
 from .job import open_run, publish, train_and_save
 from .report import card_data, model_card_template, render_model_card, write_report
@@ -43,6 +43,7 @@ def load_run_config(path: str, cli_args: Sequence[str] = ()) -> RunConfig:
     )
     data = run[DataArguments]
     validate_data_args(path, data)
+    check_streaming_training(path, data, run[TrainingArguments])
     model_args = run[ModelArguments]
     run.model_config = build_model_config(
         path, model_args.model_type, run.mappings["model"], data.seq_len, model_args.attn_implementation
@@ -76,8 +77,9 @@ def run_training(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
 
     model_args, data, training_args = run[ModelArguments], run[DataArguments], run[TrainingArguments]
     with open_run(run, "zpx-train", run.model_config.model_type) as folders:
-        datasets = build_datasets(data)
         tokenizer = build_byte_tokenizer(model_max_length=data.seq_len)
+        with training_args.main_process_first(desc="tokenizing the corpus"):  # the others reuse its cached files
+            datasets = build_datasets(data, tokenizer)
         set_seed(training_args.seed)
         model = build_model(run.model_config, model_args.attn_implementation, run.mappings["model"].get("init_from"))
         trainer = build_trainer(model, tokenizer, training_args, datasets["train"], datasets["eval"], callbacks)

@@ -1,0 +1,235 @@
+"""zpx-train's data preparation against transformers' `run_clm.py` recipe on generated jsonl corpora (issue 35).
+
+Corpora of 50 MB, 200 MB and 1 GB are generated into a scratch folder (default /tmp/zpx_bench_data, deleted at the
+end): documents of 4-40 paragraphs of CPython's `pydoc_data.topics`, drawn at random (seed 0), one json line
+each. Every measurement runs in its own subprocess with an empty datasets cache (`HF_DATASETS_CACHE`), so it
+includes reading the jsonl into Arrow; its peak RSS is the subprocess's own `ru_maxrss` and its children's.
+
+- `zpx`: `build_datasets` (tokenize with `datasets.map`, cut into blocks of 512 tokens, uncapped:
+  `max_train_blocks: null`, `tasks: []`), the byte tokenizer, `num_proc` 1.
+- `zpx (cached)`: the same again on the cache `zpx` left: the reuse of the tokenized files.
+- `run_clm`: the recipe of transformers' examples/pytorch/language-modeling/run_clm.py on the same corpus and
+  tokenizer: `load_dataset("json")`, `map(tokenize_function, batched=True)`, `map(group_texts, batched=True)`
+  (blocks of 512, `labels` a copy), one process. Not run at 1 GB: its int64 Arrow files (input_ids, attention_mask,
+  then three grouped columns) would take about 40 GB of disk.
+- `zpx streaming`: `build_datasets` with `data.streaming: true`, then the first training step of a tiny ZPX
+  model (batch 8 x 512) through `GeometricTrainer`'s DataLoader: the time to it, then 50 more steps of data
+  (peak RSS over all of it).
+
+Usage:  nice -n 19 env OMP_NUM_THREADS=1 python benchmarks/bench_data.py [--sizes-mb 50 200 1000]
+Writes benchmarks/results/bench_data.{md,csv,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from itertools import chain
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SEQ_LEN = 512
+RECIPE_LIMIT_MB = 200  # run_clm's int64 files above this would not fit this machine's disk
+
+
+def generate_corpus(path: Path, size_mb: float, seed: int = 0) -> int:
+    """A jsonl corpus of about `size_mb` MB: documents of 4-40 random pydoc paragraphs; returns its bytes."""
+    from pydoc_data.topics import topics
+
+    paragraphs = [p.strip() for name in sorted(topics) for p in topics[name].split("\n\n") if p.strip()]
+    rng, target, written = random.Random(seed), int(size_mb * 1e6), 0
+    with open(path, "w", encoding="utf-8") as f:
+        while written < target:
+            line = json.dumps({"text": "\n\n".join(rng.choices(paragraphs, k=rng.randint(4, 40)))}) + "\n"
+            f.write(line)
+            written += len(line.encode())
+    return written
+
+
+def peak_rss_mb() -> float:
+    """Peak RSS of this process and of its waited-for children (datasets' map workers), MB."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, children) / 1024
+
+
+def child_zpx(corpus: str, cache: str) -> dict:
+    from zpx_hf_train.data import DataArguments, build_datasets
+
+    data = DataArguments(text_source=corpus, seq_len=SEQ_LEN, tasks=[], max_train_blocks=None, cache_dir=cache)
+    started = time.perf_counter()
+    built = build_datasets(data)
+    seconds = time.perf_counter() - started
+    first = built["train"][0]["input_ids"]
+    return {
+        "seconds": seconds,
+        "blocks": len(built["train"]),
+        "tokens": len(built["train"]) * SEQ_LEN,
+        "ok": len(first),
+    }
+
+
+def child_recipe(corpus: str, cache: str) -> dict:
+    """run_clm.py's data preparation, as written there (tokenize_function, group_texts), one process."""
+    from datasets import load_dataset
+
+    from zpx_hf.tokenization_bytes import build_byte_tokenizer
+
+    tokenizer = build_byte_tokenizer(model_max_length=SEQ_LEN)
+    started = time.perf_counter()
+    raw = load_dataset("json", data_files={"train": corpus})
+
+    def tokenize_function(examples):
+        return tokenizer(examples["text"])
+
+    tokenized = raw.map(tokenize_function, batched=True, remove_columns=["text"], desc="Running tokenizer on dataset")
+    block_size = SEQ_LEN
+
+    def group_texts(examples):
+        concatenated_examples = {k: list(chain(*examples[k])) for k in examples.keys()}
+        total_length = len(concatenated_examples[list(examples.keys())[0]])
+        total_length = (total_length // block_size) * block_size
+        result = {
+            k: [t[i : i + block_size] for i in range(0, total_length, block_size)]
+            for k, t in concatenated_examples.items()
+        }
+        result["labels"] = result["input_ids"].copy()
+        return result
+
+    grouped = tokenized.map(group_texts, batched=True, desc=f"Grouping texts in chunks of {block_size}")
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "blocks": len(grouped["train"]), "tokens": len(grouped["train"]) * SEQ_LEN, "ok": 1}
+
+
+def child_stream(corpus: str, cache: str) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, TrainingArguments
+
+    import zpx_hf
+    from zpx_hf.tokenization_bytes import build_byte_tokenizer
+    from zpx_hf_train.data import DataArguments, build_datasets
+    from zpx_hf_train.trainer import build_trainer
+
+    started = time.perf_counter()
+    data = DataArguments(text_source=corpus, seq_len=SEQ_LEN, tasks=[], streaming=True, cache_dir=cache)
+    built = build_datasets(data)
+    config = zpx_hf.FAMILIES["zpx"][0](
+        vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        max_position_embeddings=SEQ_LEN, phase_channels=4,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config)
+    args = TrainingArguments(output_dir=os.path.join(cache, "run"), per_device_train_batch_size=8, max_steps=51,
+                             report_to=[], use_cpu=True)  # fmt: skip
+    trainer = build_trainer(model, build_byte_tokenizer(SEQ_LEN), args, built["train"], None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batches = iter(trainer.get_train_dataloader())
+    first_step = None
+    for step in range(51):
+        batch = next(batches)
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step == 0:
+            first_step = time.perf_counter() - started
+    return {
+        "seconds": time.perf_counter() - started,
+        "first_step_s": first_step,
+        "blocks": 51 * 8,
+        "tokens": 0,
+        "ok": 1,
+    }
+
+
+CHILDREN = {"zpx": child_zpx, "run_clm": child_recipe, "stream": child_stream}
+
+
+def run_child(kind: str, corpus: Path, cache: Path) -> dict:
+    """One measurement in a fresh subprocess; its JSON line, plus `peak_rss_mb`."""
+    env = {**os.environ, "HF_DATASETS_CACHE": str(cache / "hf"), "TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, __file__, "--child", kind, str(corpus), str(cache)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{kind} on {corpus.name} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[50, 200, 1000])
+    parser.add_argument("--scratch", default="/tmp/zpx_bench_data")
+    parser.add_argument("--child", nargs=3, metavar=("KIND", "CORPUS", "CACHE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, corpus, cache = args.child
+        result = CHILDREN[kind](corpus, cache)
+        result["peak_rss_mb"] = peak_rss_mb()
+        print(json.dumps(result), flush=True)
+        return
+    scratch = Path(args.scratch)
+    rows = []
+    try:
+        for size in args.sizes_mb:
+            scratch.mkdir(parents=True, exist_ok=True)
+            corpus = scratch / f"corpus_{size:g}mb.jsonl"
+            corpus_bytes = generate_corpus(corpus, size)
+            runs = [("zpx", "zpx", "a"), ("zpx (cached)", "zpx", "a"), ("zpx streaming", "stream", "s")]
+            if size <= RECIPE_LIMIT_MB:
+                runs.insert(2, ("run_clm", "run_clm", "r"))
+            for name, kind, cache in runs:
+                result = run_child(kind, corpus, scratch / f"cache_{cache}")
+                row = {"corpus_mb": round(corpus_bytes / 1e6, 1), "run": name, **result}
+                if kind != "stream":  # its time holds 51 training steps, never the whole corpus
+                    row["corpus_mb_per_s"] = round(corpus_bytes / 1e6 / result["seconds"], 2)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                if kind == "run_clm":
+                    shutil.rmtree(scratch / "cache_r", ignore_errors=True)
+            shutil.rmtree(scratch, ignore_errors=True)  # each size's corpus and caches, before the next
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    write_results(rows, " ".join(f"{s:g}" for s in args.sizes_mb))
+
+
+def write_results(rows: list[dict], sizes: str) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_data.json").write_text(json.dumps(rows, indent=1) + "\n")
+    keys = ["corpus_mb", "run", "seconds", "corpus_mb_per_s", "peak_rss_mb", "blocks", "first_step_s"]
+    with open(RESULTS / "bench_data.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = [
+        "# Data preparation: zpx-train against the run_clm.py recipe",
+        "",
+        f"`nice -n 19 env OMP_NUM_THREADS=1 python benchmarks/bench_data.py --sizes-mb {sizes}` on "
+        f"{platform.machine()}, {os.cpu_count()} cores shared with other work; byte tokenizer, blocks of {SEQ_LEN} "
+        "tokens, one process per measurement with an empty datasets cache (so reading the jsonl into Arrow is "
+        "included), `num_proc` 1. Peak RSS: the process's and its children's `ru_maxrss`. Streaming: the time to "
+        "the first training step of a tiny model (batch 8 x 512), peak RSS over 51 steps.",
+        "",
+        "| corpus | run | wall (s) | corpus MB/s | peak RSS (MB) | blocks | first step (s) | recipe / zpx time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        recipe = next((r for r in rows if r["corpus_mb"] == row["corpus_mb"] and r["run"] == "run_clm"), None)
+        ratio = f"{recipe['seconds'] / row['seconds']:.2f}" if recipe and row["run"] == "zpx" else ""
+        first = f"{row['first_step_s']:.1f}" if row.get("first_step_s") is not None else ""
+        lines.append(
+            f"| {row['corpus_mb']:g} MB | {row['run']} | {row['seconds']:.1f} | {row.get('corpus_mb_per_s', '')} | "
+            f"{row['peak_rss_mb']:.0f} | {row['blocks']} | {first} | {ratio} |"
+        )
+    (RESULTS / "bench_data.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
