@@ -17,7 +17,8 @@ includes reading the jsonl into Arrow; its peak RSS is the subprocess's own `ru_
   (peak RSS over all of it).
 
 Usage:  nice -n 19 env OMP_NUM_THREADS=1 python benchmarks/bench_data.py [--sizes-mb 50 200 1000]
-Writes benchmarks/results/bench_data.{md,csv,json}.
+            [--runs zpx run_clm stream] [--append]      (--quick: a 1 MB smoke run, nothing written)
+Writes benchmarks/results/bench_data.{md,csv,json}; `--append` adds its rows to those already there.
 """
 
 from __future__ import annotations
@@ -62,13 +63,20 @@ def peak_rss_mb() -> float:
     return max(own, children) / 1024
 
 
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and its waited-for children: unlike wall time, about the same
+    whatever else the shared machine runs."""
+    return sum(getattr(resource.getrusage(who), field) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for field in ("ru_utime", "ru_stime"))  # fmt: skip
+
+
 def child_zpx(corpus: str, cache: str) -> dict:
     from zpx_hf_train.data import DataArguments, build_datasets
 
     data = DataArguments(text_source=corpus, seq_len=SEQ_LEN, tasks=[], max_train_blocks=None, cache_dir=cache)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds()
     built = build_datasets(data)
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu
     first = built["train"][0]["input_ids"]
     return {
         "seconds": seconds,
@@ -85,7 +93,7 @@ def child_recipe(corpus: str, cache: str) -> dict:
     from zpx_hf.tokenization_bytes import build_byte_tokenizer
 
     tokenizer = build_byte_tokenizer(model_max_length=SEQ_LEN)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds()
     raw = load_dataset("json", data_files={"train": corpus})
 
     def tokenize_function(examples):
@@ -106,8 +114,9 @@ def child_recipe(corpus: str, cache: str) -> dict:
         return result
 
     grouped = tokenized.map(group_texts, batched=True, desc=f"Grouping texts in chunks of {block_size}")
-    seconds = time.perf_counter() - started
-    return {"seconds": seconds, "blocks": len(grouped["train"]), "tokens": len(grouped["train"]) * SEQ_LEN, "ok": 1}
+    seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu
+    blocks = len(grouped["train"])
+    return {"seconds": seconds, "cpu_s": cpu, "blocks": blocks, "tokens": blocks * SEQ_LEN, "ok": 1}
 
 
 def child_stream(corpus: str, cache: str) -> dict:
@@ -119,7 +128,7 @@ def child_stream(corpus: str, cache: str) -> dict:
     from zpx_hf_train.data import DataArguments, build_datasets
     from zpx_hf_train.trainer import build_trainer
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds()
     data = DataArguments(text_source=corpus, seq_len=SEQ_LEN, tasks=[], streaming=True, cache_dir=cache)
     built = build_datasets(data)
     config = zpx_hf.FAMILIES["zpx"][0](
@@ -132,7 +141,7 @@ def child_stream(corpus: str, cache: str) -> dict:
     trainer = build_trainer(model, build_byte_tokenizer(SEQ_LEN), args, built["train"], None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batches = iter(trainer.get_train_dataloader())
-    first_step = None
+    first_step = first_cpu = None
     for step in range(51):
         batch = next(batches)
         loss = model(**batch).loss
@@ -140,14 +149,9 @@ def child_stream(corpus: str, cache: str) -> dict:
         optimizer.step()
         optimizer.zero_grad()
         if step == 0:
-            first_step = time.perf_counter() - started
-    return {
-        "seconds": time.perf_counter() - started,
-        "first_step_s": first_step,
-        "blocks": 51 * 8,
-        "tokens": 0,
-        "ok": 1,
-    }
+            first_step, first_cpu = time.perf_counter() - started, cpu_seconds() - cpu
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "first_step_s": first_step, "first_step_cpu_s": first_cpu, "blocks": 51 * 8, "ok": 1}
 
 
 CHILDREN = {"zpx": child_zpx, "run_clm": child_recipe, "stream": child_stream}
@@ -167,6 +171,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[50, 200, 1000])
     parser.add_argument("--scratch", default="/tmp/zpx_bench_data")
+    parser.add_argument("--runs", nargs="+", default=["zpx", "run_clm", "stream"], choices=["zpx", "run_clm", "stream"])
+    parser.add_argument("--append", action="store_true", help="add to the rows of benchmarks/results/bench_data.json")
+    parser.add_argument("--quick", action="store_true", help="smoke run: a 1 MB corpus, prints only")
     parser.add_argument("--child", nargs=3, metavar=("KIND", "CORPUS", "CACHE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -175,21 +182,29 @@ def main() -> None:
         result["peak_rss_mb"] = peak_rss_mb()
         print(json.dumps(result), flush=True)
         return
+    if args.quick:
+        args.sizes_mb, args.append = [1], False
     scratch = Path(args.scratch)
-    rows = []
+    command = "nice -n 19 env OMP_NUM_THREADS=1 python benchmarks/bench_data.py " + " ".join(sys.argv[1:])
+    rows, commands = [], [command]
+    if args.append and (RESULTS / "bench_data.json").is_file():
+        previous = json.loads((RESULTS / "bench_data.json").read_text())
+        rows, commands = previous["rows"], [*previous["commands"], command]
     try:
         for size in args.sizes_mb:
             scratch.mkdir(parents=True, exist_ok=True)
             corpus = scratch / f"corpus_{size:g}mb.jsonl"
             corpus_bytes = generate_corpus(corpus, size)
-            runs = [("zpx", "zpx", "a"), ("zpx (cached)", "zpx", "a"), ("zpx streaming", "stream", "s")]
-            if size <= RECIPE_LIMIT_MB:
-                runs.insert(2, ("run_clm", "run_clm", "r"))
+            runs = [("zpx", "zpx", "a"), ("zpx (cached)", "zpx", "a"), ("run_clm", "run_clm", "r")]
+            runs = [run for run in runs if run[1] != "run_clm" or size <= RECIPE_LIMIT_MB]
+            runs = [run for run in [*runs, ("zpx streaming", "stream", "s")] if run[1] in args.runs]
             for name, kind, cache in runs:
                 result = run_child(kind, corpus, scratch / f"cache_{cache}")
                 row = {"corpus_mb": round(corpus_bytes / 1e6, 1), "run": name, **result}
                 if kind != "stream":  # its time holds 51 training steps, never the whole corpus
                     row["corpus_mb_per_s"] = round(corpus_bytes / 1e6 / result["seconds"], 2)
+                    if "cpu_s" in result:
+                        row["tokens_per_cpu_s"] = round(result["tokens"] / result["cpu_s"])
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if kind == "run_clm":
@@ -197,13 +212,15 @@ def main() -> None:
             shutil.rmtree(scratch, ignore_errors=True)  # each size's corpus and caches, before the next
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    write_results(rows, " ".join(f"{s:g}" for s in args.sizes_mb))
+    if not args.quick:
+        write_results(rows, commands)
 
 
-def write_results(rows: list[dict], sizes: str) -> None:
+def write_results(rows: list[dict], commands: list[str]) -> None:
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_data.json").write_text(json.dumps(rows, indent=1) + "\n")
-    keys = ["corpus_mb", "run", "seconds", "corpus_mb_per_s", "peak_rss_mb", "blocks", "first_step_s"]
+    (RESULTS / "bench_data.json").write_text(json.dumps({"commands": commands, "rows": rows}, indent=1) + "\n")
+    keys = ["corpus_mb", "run", "seconds", "cpu_s", "tokens_per_cpu_s", "peak_rss_mb", "blocks", "first_step_s"]
+    keys += ["first_step_cpu_s"]
     with open(RESULTS / "bench_data.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         writer.writeheader()
@@ -211,23 +228,34 @@ def write_results(rows: list[dict], sizes: str) -> None:
     lines = [
         "# Data preparation: zpx-train against the run_clm.py recipe",
         "",
-        f"`nice -n 19 env OMP_NUM_THREADS=1 python benchmarks/bench_data.py --sizes-mb {sizes}` on "
-        f"{platform.machine()}, {os.cpu_count()} cores shared with other work; byte tokenizer, blocks of {SEQ_LEN} "
-        "tokens, one process per measurement with an empty datasets cache (so reading the jsonl into Arrow is "
-        "included), `num_proc` 1. Peak RSS: the process's and its children's `ru_maxrss`. Streaming: the time to "
-        "the first training step of a tiny model (batch 8 x 512), peak RSS over 51 steps.",
+        " then ".join(f"`{command}`" for command in commands) + f" on {platform.machine()}, {os.cpu_count()} "
+        f"cores shared with other work (wall times vary with that load; CPU seconds much less); byte tokenizer, "
+        f"blocks of {SEQ_LEN} tokens, one process per measurement with an empty datasets cache (so reading the "
+        "jsonl into Arrow is included), `num_proc` 1. Peak RSS: the process's and its children's `ru_maxrss`. "
+        "Throughput: tokens in training blocks per CPU second (zpx holds 10% of the documents out, the recipe "
+        "none). Streaming: the time to the first training step of a tiny model (batch 8 x 512), peak RSS over 51 "
+        "steps. Rows without CPU time are from the first run, which did not record it.",
         "",
-        "| corpus | run | wall (s) | corpus MB/s | peak RSS (MB) | blocks | first step (s) | recipe / zpx time |",
+        "| corpus | run | wall (s) | CPU (s) | tokens / CPU s | peak RSS (MB) | blocks | first step: wall (CPU) s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        recipe = next((r for r in rows if r["corpus_mb"] == row["corpus_mb"] and r["run"] == "run_clm"), None)
-        ratio = f"{recipe['seconds'] / row['seconds']:.2f}" if recipe and row["run"] == "zpx" else ""
+        cpu = f"{row['cpu_s']:.1f}" if row.get("cpu_s") is not None else ""
         first = f"{row['first_step_s']:.1f}" if row.get("first_step_s") is not None else ""
+        if row.get("first_step_cpu_s") is not None:
+            first += f" ({row['first_step_cpu_s']:.1f})"
         lines.append(
-            f"| {row['corpus_mb']:g} MB | {row['run']} | {row['seconds']:.1f} | {row.get('corpus_mb_per_s', '')} | "
-            f"{row['peak_rss_mb']:.0f} | {row['blocks']} | {first} | {ratio} |"
+            f"| {row['corpus_mb']:g} MB | {row['run']} | {row['seconds']:.1f} | {cpu} | "
+            f"{row.get('tokens_per_cpu_s', '')} | {row['peak_rss_mb']:.0f} | {row['blocks']} | {first} |"
         )
+    for size in sorted({row["corpus_mb"] for row in rows}):
+        zpx, recipe = (next((r for r in rows if r["corpus_mb"] == size and r["run"] == name and r.get("cpu_s")), None)
+                       for name in ("zpx", "run_clm"))  # fmt: skip
+        if zpx and recipe:
+            lines.append(
+                f"\n{size:g} MB: zpx-train's throughput is {zpx['tokens_per_cpu_s'] / recipe['tokens_per_cpu_s']:.2f}x "
+                "the recipe's (tokens per CPU second)."
+            )
     (RESULTS / "bench_data.md").write_text("\n".join(lines) + "\n")
 
 
