@@ -78,12 +78,8 @@ def child_zpx(corpus: str, cache: str) -> dict:
     built = build_datasets(data)
     seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu
     first = built["train"][0]["input_ids"]
-    return {
-        "seconds": seconds,
-        "blocks": len(built["train"]),
-        "tokens": len(built["train"]) * SEQ_LEN,
-        "ok": len(first),
-    }
+    blocks = len(built["train"])
+    return {"seconds": seconds, "cpu_s": cpu, "blocks": blocks, "tokens": blocks * SEQ_LEN, "ok": len(first)}
 
 
 def child_recipe(corpus: str, cache: str) -> dict:

@@ -492,7 +492,10 @@ def arrow_text(data: DataArguments, tokenizer: Any) -> tuple[Any, Any, str]:
     if reused and heldout_reused:
         print(f"data: reusing the tokenized corpus cached in {folder} (same documents and tokenizer)", flush=True)
     else:
-        print(f"data: tokenized the corpus into {folder} (the next run with this corpus and tokenizer reuses it)")
+        print(
+            f"data: tokenized the corpus into {folder} (the next run with this corpus and tokenizer reuses it)",
+            flush=True,
+        )
     line = (
         f"text: {source_name(data.text_source)}, {len(train_view)} train / {len(heldout_view)} held-out "
         f"documents, {len(train)} train blocks of {data.seq_len} tokens"
