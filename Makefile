@@ -79,7 +79,7 @@ check: setup
 # are refreshed from them by `python benchmarks/update_readme.py`). `make bench QUICK=1` is the smoke run: tiny
 # sizes, every script, nothing written (the evidence suite writes its quick run to a temporary folder).
 # benchmarks/gpu_check.py runs on a CUDA machine only and is not part of this target.
-BENCH_SCRIPTS := bench_attention bench_pct bench_versor bench_zpx_memory bench_step bench_compile bench_row_major bench_packing bench_text_packing
+BENCH_SCRIPTS := bench_attention bench_pct bench_versor bench_zpx_memory bench_step bench_compile bench_row_major bench_packing bench_text_packing bench_data
 bench: setup
 ifdef QUICK
 	for script in $(BENCH_SCRIPTS); do $(PY) benchmarks/$$script.py --quick || exit 1; done

@@ -127,10 +127,24 @@ class GeometricTrainer(Trainer):
         super()._save_checkpoint(model, trial)
         self.accelerator.wait_for_everyone()  # every process has written its files (e.g. its rng_state_N.pth)
         folder = Path(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        if hasattr(self.train_dataset, "save") and folder.is_dir():  # a streamed corpus: each process's position
+            self.train_dataset.save(folder)
+            self.accelerator.wait_for_everyone()
         if self.args.should_save and folder.is_dir():
             if self.run_marker is not None:
                 atomic_write_json(folder / RUN_MARKER, {**self.run_marker, "finished": False})
             write_manifest(folder)  # last: a checkpoint without it was cut short (`checkpoint_problem`)
+
+    def get_train_dataloader(self) -> Any:
+        """A streamed corpus (`TextStream`, already this process's shard) is read in this process, unprepared:
+        accelerate would otherwise dispatch or re-shard it, and its position must stay here to be saved."""
+        from .data_pipeline import TextStream
+
+        if not isinstance(self.train_dataset, TextStream):
+            return super().get_train_dataloader()
+        return torch.utils.data.DataLoader(
+            self.train_dataset, batch_size=self.args.train_batch_size, collate_fn=self.data_collator, num_workers=0
+        )
 
     def _wrap_model(self, model: Any, training: bool = True, dataloader: Any = None) -> Any:
         if not self.cpu_fsdp:
@@ -230,6 +244,10 @@ def build_trainer(
                 file=sys.stderr,
                 flush=True,
             )
+    from .data_pipeline import TextStream
+
+    if isinstance(train_dataset, TextStream):
+        training_args.ignore_data_skip = True  # a resumed stream continues from its saved position, never skips
     return GeometricTrainer(
         model=model,
         args=training_args,
