@@ -259,6 +259,7 @@ def test_zpx_train_streaming_resumes_where_the_stream_stopped(tmp_path):
         (["--train_examples_per_task", "2"], "key `data.train_examples_per_task`: a streamed corpus trains on text"),
         (["--dataloader_num_workers", "1"], "key `training.dataloader_num_workers` must be 0 with `data.streaming`"),
         (["--num_proc", "0"], "key `data.num_proc` = 0 must be >= 1"),
+        (["--tokenizer", '{"train": "bpe", "vocab_size": 512}'], "key `data.tokenizer` trains a tokenizer on the"),
     ],
 )
 def test_streaming_misuse_is_one_line(tmp_path, capsys, flags, message):

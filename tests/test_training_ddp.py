@@ -92,6 +92,22 @@ def test_two_process_ddp_on_cpu_trains_and_saves_a_loadable_checkpoint(tmp_path)
 
 @pytest.mark.slow
 @NO_CUDA
+def test_two_process_ddp_trains_its_tokenizer_once_and_tokenizes_the_corpus_without_deadlock(tmp_path):
+    """A trained tokenizer under two processes: every process takes process 0's (a collective) before process 0
+    tokenizes the corpus under `main_process_first` (a collective inside that barrier would hang the run)."""
+    output_dir = tmp_path / "ddp_unigram"
+    spec = json.dumps({"train": "unigram", "vocab_size": 400})
+    flags = ("--max_steps", "2", "--save_strategy", "no", "--tokenizer", spec)
+    result = _launch("ddp_cpu.yaml", output_dir, *flags, timeout=240)
+    assert result.returncode == 0, result.stderr[-4000:]
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    model = AutoModelForCausalLM.from_pretrained(output_dir, trust_remote_code=True)
+    assert model.config.vocab_size == len(tokenizer) and len(tokenizer) != 260  # the trained one, not bytes
+    assert json.loads((output_dir / "metrics.json").read_text())["details"]["world_size"] == 2
+
+
+@pytest.mark.slow
+@NO_CUDA
 def test_two_process_fsdp_on_cpu_shards_and_saves_one_full_state_dict(tmp_path):
     output_dir = tmp_path / "fsdp"
     result = _launch("fsdp_cpu.yaml", output_dir, "--max_steps", "3", "--save_strategy", "no")

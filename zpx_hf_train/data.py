@@ -227,7 +227,9 @@ def check_streaming(path: str, data: DataArguments) -> None:
         raise ConfigError(
             f"{path}: key `data.max_eval_blocks` must be set with `data.streaming` (a stream has no end)."
         )
-    if isinstance(data.tokenizer, dict) and "train" in data.tokenizer:
+    from zpx_hf_train.tokenizer import parse_tokenizer_spec
+
+    if parse_tokenizer_spec(path, data.tokenizer).kind == "train":  # a mapping, or its JSON from the command line
         raise ConfigError(
             f"{path}: key `data.tokenizer` trains a tokenizer on the corpus, which a stream cannot give whole; train "
             "it in a non-streaming run (or with the `tokenizers` library) and give its folder."
