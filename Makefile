@@ -85,14 +85,16 @@ check: setup
 # are refreshed from them by `python benchmarks/update_readme.py`). `make bench QUICK=1` is the smoke run: tiny
 # sizes, every script, nothing written (the evidence suite writes its quick run to a temporary folder).
 # benchmarks/gpu_check.py runs on a CUDA machine only and is not part of this target.
-BENCH_SCRIPTS := bench_attention bench_pct bench_versor bench_zpx_memory bench_step bench_compile bench_row_major bench_packing bench_text_packing
+BENCH_SCRIPTS := bench_attention bench_pct bench_versor bench_zpx_memory bench_step bench_compile bench_row_major bench_packing bench_text_packing bench_data
 bench: setup
 ifdef QUICK
 	for script in $(BENCH_SCRIPTS); do $(PY) benchmarks/$$script.py --quick || exit 1; done
 	tmp=$$(mktemp -d) && $(PY) -m benchmarks.evidence --size evidence_smoke --tasks mqar \
 		--variants baseline zpx_full pct versor_hybrid --output $$tmp && rm -rf $$tmp
+	tmp=$$(mktemp -d) && $(PY) -m benchmarks.bench_conversion --tiny --results $$tmp --work $$tmp/work && rm -rf $$tmp
 else
 	for script in $(BENCH_SCRIPTS); do $(PY) benchmarks/$$script.py || exit 1; done
 	$(PY) -m benchmarks.evidence --size evidence --workers 2
+	$(PY) -m benchmarks.bench_conversion
 	$(PY) benchmarks/update_readme.py
 endif

@@ -83,3 +83,17 @@ def assert_close_eps(actual: torch.Tensor, expected: torch.Tensor, ulps: float =
     scale = expected.abs().max().item() if expected.numel() else 0.0
     tolerance = ulps * torch.finfo(dtype).eps * scale
     torch.testing.assert_close(actual, expected, rtol=0, atol=tolerance)
+
+
+@pytest.fixture
+def local_hub(tmp_path, monkeypatch):
+    """A `helpers_hub.LocalHub` on 127.0.0.1 for this test, huggingface_hub pointed at it (online, its token
+    stored in a temporary HF_HOME); offline mode and the real HF_HOME are back after the test."""
+    from helpers_hub import LocalHub, client_pointed_at
+
+    hub = LocalHub().start()
+    try:
+        with client_pointed_at(hub, tmp_path / "hf_home", monkeypatch):
+            yield hub
+    finally:
+        hub.stop()

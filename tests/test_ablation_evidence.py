@@ -25,7 +25,7 @@ LAYERS = (
     *("protocol", "rows", "stats", "training", "nbody", "tasks"),
     *("models", "runs", "sizes", "plan", "report", "suite"),
 )
-TOOLS = ("calibrate", "nbody_study", "pct_defaults", "__main__")  # entry points: nothing imports them
+TOOLS = ("calibrate", "nbody_study", "pct_defaults", "lm_study", "__main__")  # entry points: nothing imports them
 
 
 def package_imports(path: Path) -> tuple[set[str], list[str]]:

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import FAMILY_CASES, TINY_VOCAB, make_tiny_config
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import zpx_hf
 from zpx_hf.configuration_common import LOGIT_SCALE_LIMIT
 from zpx_hf.configuration_versor import RRA_FULL_GROWTH_LIMIT, RRA_SCALE_LIMIT
 from zpx_hf.rotary_srpe import SpiralRotaryEmbedding
+from zpx_hf.tokenization_bytes import build_byte_tokenizer
 
 FLOAT16_MAX = torch.finfo(torch.float16).max
 JUST_OUTSIDE = 1 + 1e-6
@@ -403,6 +404,9 @@ def test_keys_transformers_passes_do_not_warn(case, tmp_path, recwarn):
     stored = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**stored, **TRANSFORMERS_4_KEYS}))
     AutoModelForCausalLM.from_pretrained(folder)
+    build_byte_tokenizer().save_pretrained(folder)
+    AutoTokenizer.from_pretrained(folder, add_bos_token=True)  # its arguments reach AutoConfig.from_pretrained too
+    AutoConfig.from_pretrained(folder, gguf_file=None)  # as lm-eval's HFLM loads it
     assert unknown_key_warnings(recwarn) == []
 
 

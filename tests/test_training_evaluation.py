@@ -5,6 +5,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 from transformers.modeling_outputs import CausalLMOutput
 
@@ -83,3 +84,22 @@ def test_loss_points_keep_every_evaluation_set():
         "eval_mqar": [(2, 2.0)],
         "eval_passkey": [(2, 1.5)],
     }
+
+
+class Noisy(Uniform):
+    """Logits that differ per position, so blocks' losses differ and the standard error is not 0."""
+
+    def forward(self, input_ids, attention_mask=None):
+        generator = torch.Generator().manual_seed(int(input_ids.sum()))
+        return CausalLMOutput(logits=3 * torch.randn(*input_ids.shape, self.vocab, generator=generator))
+
+
+def test_bits_per_byte_standard_error_follows_the_bytes_per_token():
+    """With `num_bytes` (a tokenizer that is not byte-level) bits per byte and its standard error scale alike:
+    both are nats per token x tokens / bytes / ln 2."""
+    data = text_dataset(["some held-out text, and more of it " * 20], seq_len=32)
+    per_token = perplexity(Noisy(), data, batch_size=4)
+    per_byte = perplexity(Noisy(), data, batch_size=4, num_bytes=3 * per_token["tokens"])
+    assert per_token["bits_per_byte_se"] > 0
+    assert per_byte["bits_per_byte"] == pytest.approx(per_token["bits_per_byte"] / 3, rel=1e-12)
+    assert per_byte["bits_per_byte_se"] == pytest.approx(per_token["bits_per_byte_se"] / 3, rel=1e-12)

@@ -1,14 +1,11 @@
 """End-to-end training with Trainer on the micro config: checkpoint contents, offline reload without zpx_hf,
-local data files, exact resume, and push_to_hub (against an in-process fake of the Hub API)."""
+local data files, exact resume, and push_to_hub (through huggingface_hub to `helpers_hub.LocalHub`)."""
 
-import fnmatch
 import json
 import shutil
 import subprocess
 import sys
-from concurrent.futures import Future
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -149,32 +146,6 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, capsys):
     assert resumed_losses[-3:] == pytest.approx(losses[-3:], abs=1e-6)
 
 
-class FakeHub:
-    """Stands in for `huggingface_hub.HfApi`: uploads become folder copies."""
-
-    def __init__(self, root):
-        self.root = Path(root)
-        self.uploads = []
-
-    def create_repo(self, repo_id, **kwargs):
-        return SimpleNamespace(repo_id=repo_id)
-
-    def upload_folder(self, repo_id, folder_path, ignore_patterns=(), run_as_future=False, path_in_repo=None, **kw):
-        target = self.root / repo_id / (path_in_repo or "")
-        for source in Path(folder_path).rglob("*"):
-            relative = source.relative_to(folder_path)
-            if source.is_dir() or any(fnmatch.fnmatch(part, p) for p in ignore_patterns for part in relative.parts):
-                continue
-            (target / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(source, target / relative)
-        self.uploads.append((repo_id, str(folder_path)))
-        if run_as_future:
-            future = Future()
-            future.set_result(None)
-            return future
-        return SimpleNamespace(commit_url=f"fake://{repo_id}")
-
-
 def test_output_dir_of_another_run_is_refused_unless_overwritten(tmp_path):
     out = str(tmp_path / "shared")
     common = ["--output_dir", out, "--max_steps", "2", "--save_steps", "2", "--tasks", "mqar", "--eval_strategy", "no"]
@@ -215,6 +186,18 @@ def test_non_finite_loss_stops_the_run_naming_the_step(tmp_path):
     assert not (tmp_path / "nan" / "model.safetensors").exists()  # no final model is saved as if it had trained
 
 
+def push_config_error(tmp_path, capsys, repo_id):
+    """The one `config error` line of a pushing run that must stop before training (exit code 2, no model)."""
+    out = tmp_path / "push"
+    flags = ["--output_dir", str(out), "--max_steps", "2", "--push_to_hub", "--hub_model_id", repo_id]
+    assert main([MICRO, *flags, "--tasks", "mqar"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "config error" in line]
+    assert len(lines) == 1 and "`training.push_to_hub`" in lines[0] and repo_id in lines[0]
+    assert "Traceback" not in err and not (out / "model.safetensors").exists()
+    return lines[0]
+
+
 def test_push_to_hub_without_network_fails_before_training_in_one_line(tmp_path, monkeypatch, capsys):
     import socket
 
@@ -223,46 +206,46 @@ def test_push_to_hub_without_network_fails_before_training_in_one_line(tmp_path,
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
-    out = tmp_path / "push"
-    flags = ["--output_dir", str(out), "--max_steps", "2", "--push_to_hub", "--hub_model_id", "someone/zpx-micro"]
-    assert main([MICRO, *flags, "--tasks", "mqar"]) == 2
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if "config error" in line]
-    assert len(lines) == 1 and "`training.push_to_hub`" in lines[0] and "someone/zpx-micro" in lines[0]
-    assert "Traceback" not in err and not (out / "model.safetensors").exists()
+    push_config_error(tmp_path, capsys, "someone/zpx-micro")
 
 
-def test_push_to_hub_uploads_the_self_contained_checkpoint(tmp_path, monkeypatch):
-    import transformers.trainer as trainer_module
+def test_push_to_hub_refused_by_the_hub_fails_before_training_in_one_line(local_hub, tmp_path, capsys):
+    (tmp_path / "hf_home" / "token").unlink()  # not logged in
+    assert "401" in push_config_error(tmp_path, capsys, "zpx-tester/zpx-micro")
+    assert not local_hub.repos
+
+
+def test_push_to_hub_uploads_the_self_contained_checkpoint(local_hub, tmp_path, monkeypatch):
+    from huggingface_hub import snapshot_download
 
     monkeypatch.delenv("HF_TOKEN", raising=False)  # restored after the test: the run moves the token there
-    token = "hf_NotARealTokenZpxTest0123456789"
-
-    hub = FakeHub(tmp_path / "hub")
-    if hasattr(trainer_module, "hf_api"):
-        monkeypatch.setattr(trainer_module, "hf_api", lambda: hub)
-    else:  # older transformers call the module-level helpers
-        monkeypatch.setattr(trainer_module, "create_repo", hub.create_repo)
-        monkeypatch.setattr(trainer_module, "upload_folder", hub.upload_folder)
+    (tmp_path / "hf_home" / "token").unlink()  # not logged in: only --hub_token can authorise the upload
+    repo_id = f"{local_hub.user}/zpx-micro"
+    out = tmp_path / "out"
     run = load_run_config(
         MICRO,
         [
-            *("--output_dir", str(tmp_path / "out"), "--max_steps", "2", "--save_steps", "2", "--tasks", "mqar"),
-            *("--push_to_hub", "--hub_model_id", "someone/zpx-micro", "--hub_strategy", "end"),
-            *("--hub_token", token),
+            *("--output_dir", str(out), "--max_steps", "2", "--save_steps", "2", "--tasks", "mqar"),
+            *("--push_to_hub", "--hub_model_id", repo_id, "--hub_strategy", "end", "--hub_token", local_hub.token),
+            *("--hub_revision", "dev"),  # a branch the run creates before training (`Trainer` would not)
         ],
     )
     run_training(run)
+    assert set(local_hub.files(repo_id, "main")) == {".gitattributes"}  # all went to the branch
+    # the Hub holds the run folder's files, byte for byte, without the lock / marker ("_*") and checkpoints
+    on_hub = local_hub.files(repo_id, "dev")
+    local = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    uploaded = {k: v for k, v in local.items() if not k.startswith(("_", "checkpoint-"))}
+    assert on_hub == {**uploaded, ".gitattributes": on_hub[".gitattributes"]}
+    assert "model.safetensors" in on_hub and "training_args.bin" in on_hub and "modeling_zpx.py" in on_hub
     # the token was used (HF_TOKEN of this process) but is in no saved or uploaded file, pickled or not
-    written = [p for root in (tmp_path / "out", tmp_path / "hub") for p in root.rglob("*") if p.is_file()]
-    assert any(p.name == "training_args.bin" for p in written)
-    assert not [p for p in written if token.encode() in p.read_bytes()]
-    repo = tmp_path / "hub" / "someone" / "zpx-micro"
-    assert hub.uploads and not list(repo.glob("checkpoint-*"))
-    card = (repo / "README.md").read_text()
-    assert "someone/zpx-micro" in card and "library_name: transformers" in card and "## Evaluation" in card
-    model = AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)
-    assert AutoTokenizer.from_pretrained(repo).vocab_size == 260
+    assert not [name for name, data in {**local, **on_hub}.items() if local_hub.token.encode() in data]
+    card = on_hub["README.md"].decode()
+    assert repo_id in card and "library_name: transformers" in card and "## Evaluation" in card
+    # and comes back through the client's download: the model with its remote code, the byte tokenizer
+    snapshot = snapshot_download(repo_id, revision="dev")
+    model = AutoModelForCausalLM.from_pretrained(snapshot, trust_remote_code=True)
+    assert AutoTokenizer.from_pretrained(snapshot).vocab_size == 260
     assert model.config.model_type == "zpx"
 
 

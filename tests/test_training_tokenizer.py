@@ -16,7 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from zpx_hf.tokenization_bytes import BOS_ID, build_byte_tokenizer, ids_to_text, text_to_ids
 from zpx_hf_train.config import ConfigError
-from zpx_hf_train.data import DataArguments, build_datasets, pack_rows
+from zpx_hf_train.data import DataArguments, build_datasets
+from zpx_hf_train.data_pipeline import pack_rows
 from zpx_hf_train.data_tasks import pack_documents, pydoc_documents, split_documents, task_examples, text_dataset
 from zpx_hf_train.tokenizer import TokenizerSpec, document_markers, train_tokenizer
 from zpx_hf_train.train import load_run_config, run_training

@@ -52,6 +52,16 @@ TRANSFORMERS_CONFIG_KEYS = frozenset(
     }
 )  # fmt: skip
 
+# Keys that loaders hand to the config without the user writing them in it: `AutoTokenizer.from_pretrained(path,
+# add_bos_token=True)` passes its tokenizer arguments on to `AutoConfig.from_pretrained`; lm-eval passes
+# `gguf_file=None`. They configure the tokenizer or the loading, never the model, so no warning names them.
+LOADER_KEYS = frozenset(
+    {
+        "add_bos_token", "add_eos_token", "add_prefix_space", "clean_up_tokenization_spaces", "gguf_file",
+        "legacy", "model_max_length", "padding_side", "split_special_tokens", "truncation_side", "use_fast",
+    }
+)  # fmt: skip
+
 
 class Rule(NamedTuple):
     """How one config field is checked. `kind`: "int", "float", "bool" or "choice"; floats are finite."""
@@ -145,9 +155,11 @@ def pop_removed_fields(kwargs: dict[str, Any], removed: dict[str, str]) -> None:
 @functools.cache
 def transformers_config_keys() -> frozenset[str]:
     """Every key transformers itself may pass to a config: `PretrainedConfig`'s fields, attributes and
-    properties on the installed version, the generation parameters older config.json files carry, and
-    `TRANSFORMERS_CONFIG_KEYS`."""
-    keys = set(TRANSFORMERS_CONFIG_KEYS) | set(vars(PretrainedConfig())) | set(GenerationConfig().to_dict())
+    properties on the installed version, the generation parameters older config.json files carry,
+    `TRANSFORMERS_CONFIG_KEYS` and `LOADER_KEYS`."""
+    keys = (
+        set(TRANSFORMERS_CONFIG_KEYS | LOADER_KEYS) | set(vars(PretrainedConfig())) | set(GenerationConfig().to_dict())
+    )
     if dataclasses.is_dataclass(PretrainedConfig):
         keys.update(field.name for field in dataclasses.fields(PretrainedConfig))
     keys.update(name for name in dir(PretrainedConfig) if isinstance(getattr(PretrainedConfig, name), property))

@@ -214,7 +214,8 @@ def convert_llama_to_zpx(
 
 
 def model_card(source: Path, source_config: Any, config: ZPXConfig, added: list[str]) -> str:
-    """What a converted checkpoint is: its source, what is exact, what is new and learned."""
+    """What a converted checkpoint is: its source (by folder name: a card never holds a local path), what is exact,
+    what is new and learned."""
     architecture = source_config.architectures[0]
     new = sorted({key.split(".layers.", 1)[-1].split(".", 1)[-1].removesuffix(".weight") for key in added})
     learned = "; per-head lambdas trained from 0" if config.learnable_lambdas else ""
@@ -230,7 +231,7 @@ tags:
 
 # ZPX converted from {architecture}
 
-Converted with zpx-hf `zpx-convert` from the checkpoint at `{source}` ({architecture}, model type
+Converted with zpx-hf `zpx-convert` from the checkpoint folder `{source.name}` ({architecture}, model type
 `{source_config.model_type}`, {source_config.num_hidden_layers} layers, hidden size {source_config.hidden_size},
 {source_config.num_attention_heads} heads).
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import codecs
 import csv
+import json
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,26 @@ class DataArguments:
             "position_ids restarting at each one, so no token attends to another document (no padding)."
         },
     )
+    num_proc: int | None = field(
+        default=None, metadata={"help": "Processes tokenizing the corpus (`datasets.map` num_proc; null: one)."}
+    )
+    cache_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Folder of the tokenized corpus's Arrow files, reused by runs with the same corpus and "
+            "tokenizer (default: $HF_DATASETS_CACHE/zpx_hf_train)."
+        },
+    )
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Stream the corpus (for corpora larger than memory or disk): each process reads its own shard, "
+            "blocks go through a shuffle buffer, a resumed run continues the stream; needs training.max_steps."
+        },
+    )
+    shuffle_buffer: int = field(
+        default=1000, metadata={"help": "Blocks in the shuffle buffer of a streamed corpus (data.streaming)."}
+    )
 
 
 @dataclass(frozen=True)
@@ -132,6 +153,8 @@ MINIMUMS = {
     "max_documents": 1,  # these three may be null (no cap); 0 would silently mean "no cap" or one block
     "max_train_blocks": 1,
     "max_eval_blocks": 1,
+    "num_proc": 1,
+    "shuffle_buffer": 1,
 }
 
 
@@ -170,6 +193,8 @@ def validate_data_args(path: str, data: DataArguments) -> None:
         value = getattr(data, key)
         if value is not None and value < minimum:
             raise ConfigError(f"{path}: key `data.{key}` = {value} must be >= {minimum}.")
+    if data.streaming:
+        check_streaming(path, data)
     if not 0 < data.heldout_fraction < 1:
         raise ConfigError(f"{path}: key `data.heldout_fraction` = {data.heldout_fraction} must be in (0, 1).")
     for task in data.tasks:
@@ -184,6 +209,47 @@ def validate_data_args(path: str, data: DataArguments) -> None:
         except ValueError as error:
             named = [key for param, key in spec.keys.items() if f"{param}=" in str(error)]
             raise ConfigError(f"{path}: key `data.{(named or [spec.length_key])[0]}`: {error}") from None
+
+
+def check_streaming(path: str, data: DataArguments) -> None:
+    """What `data.streaming` cannot do, refused by key: packing, task examples in training, an uncapped held-out,
+    a tokenizer trained on the corpus."""
+    if data.packing:
+        raise ConfigError(f"{path}: key `data.packing` cannot pack a streamed corpus; set it false or streaming false.")
+    if data.text_source == "none":
+        raise ConfigError(f"{path}: key `data.streaming` needs a text corpus, and `data.text_source` is 'none'.")
+    if any(train_example_counts(data).values()):
+        raise ConfigError(
+            f"{path}: key `data.train_examples_per_task`: a streamed corpus trains on text only; set it (or "
+            "`data.task_train_examples`) to 0, the tasks are still evaluated."
+        )
+    if data.max_eval_blocks is None:
+        raise ConfigError(
+            f"{path}: key `data.max_eval_blocks` must be set with `data.streaming` (a stream has no end)."
+        )
+    from zpx_hf_train.tokenizer import parse_tokenizer_spec
+
+    if parse_tokenizer_spec(path, data.tokenizer).kind == "train":  # a mapping, or its JSON from the command line
+        raise ConfigError(
+            f"{path}: key `data.tokenizer` trains a tokenizer on the corpus, which a stream cannot give whole; train "
+            "it in a non-streaming run (or with the `tokenizers` library) and give its folder."
+        )
+
+
+def check_streaming_training(path: str, data: DataArguments, training_args: Any) -> None:
+    """`data.streaming` needs `training.max_steps` (a stream has no length) and no DataLoader workers (the stream's
+    position, saved with each checkpoint, lives in the training process)."""
+    if not data.streaming:
+        return
+    if training_args.max_steps is None or training_args.max_steps <= 0:
+        raise ConfigError(
+            f"{path}: key `training.max_steps` must be > 0 with `data.streaming` (a stream has no length)."
+        )
+    if training_args.dataloader_num_workers:
+        raise ConfigError(
+            f"{path}: key `training.dataloader_num_workers` must be 0 with `data.streaming` (the stream's position, "
+            "saved with each checkpoint, is kept in the training process)."
+        )
 
 
 def train_example_counts(data: DataArguments) -> dict[str, int]:
@@ -301,19 +367,17 @@ def _check_csv(where: str, file: Path, text_column: str) -> None:
         csv.field_size_limit(limit)
 
 
-def load_text_documents(data: DataArguments) -> Sequence[str]:
-    """The corpus documents (a `DocumentView` of a `datasets` source: read when used); a source that `datasets`
-    cannot read becomes one `ConfigError` line."""
+def _reading(data: DataArguments, read: Callable[[], Any]) -> Any:
+    """`read()`, with a source that `datasets` cannot read turned into one `ConfigError` line."""
     from datasets.exceptions import DatasetsError
 
-    from zpx_hf_train.data_tasks import open_documents
-
-    try:  # read lazily: `build_datasets` reads only the documents its block caps need
-        documents = open_documents(
-            data.text_source, data.text_column, data.dataset_config_name, data.dataset_split, data.max_documents
-        )
-    except (ValueError, FileNotFoundError, RuntimeError, OSError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    try:
+        return read()
+    except (ValueError, FileNotFoundError, RuntimeError, OSError, KeyError) as error:
+        if isinstance(error, ValueError) and "shorter than one block" in str(error):
+            raise
+        shown = str(error).strip() if not isinstance(error, KeyError) else f"no column {error}; set `data.text_column`"
+        first = shown.splitlines()[0] if shown else type(error).__name__
         raise ConfigError(f"key `data.text_source` = {data.text_source!r}: {first}") from error
     except DatasetsError as error:  # a builder that cannot parse the file (DatasetGenerationError), cause inside
         cause = error.__cause__ or error
@@ -322,6 +386,19 @@ def load_text_documents(data: DataArguments) -> Sequence[str]:
             f"key `data.text_source` = {data.text_source!r}: `datasets` cannot read it ({first}); "
             "give a UTF-8 text, json, csv or parquet file."
         ) from error
+
+
+def load_text_documents(data: DataArguments) -> Sequence[str]:
+    """The corpus documents (a `DocumentView` of a `datasets` source: read when used); a source that `datasets`
+    cannot read becomes one `ConfigError` line."""
+    from zpx_hf_train.data_tasks import open_documents
+
+    documents = _reading(  # read lazily: `build_datasets` tokenizes only the documents its block caps need
+        data,
+        lambda: open_documents(
+            data.text_source, data.text_column, data.dataset_config_name, data.dataset_split, data.max_documents
+        ),
+    )
     if not documents:
         raise ConfigError(
             f"key `data.text_source` = {data.text_source!r} holds no text documents; give non-empty text."
@@ -339,37 +416,28 @@ def source_name(source: str) -> str:
 
 
 def build_datasets(data: DataArguments, tokenizer: Any = None) -> dict[str, Any]:
-    """`train` (text blocks + task examples), `heldout` (text blocks or None), `tasks` (eval sets by name),
-    `eval` (what `Trainer` evaluates: held-out text, else the task sets), `description` (card lines), `packing`
-    (the report line saying whether the training rows were packed), `tokenizer` (the given one, else
-    `tokenizer.training_tokenizer` of `data.tokenizer`, trained on the training split when asked) and
-    `heldout_bytes` (UTF-8 bytes of the held-out blocks' scored tokens; None for the byte tokenizer)."""
+    """`train` (text blocks + task examples; a `TextStream` with `data.streaming`), `text_train` (its text blocks
+    alone, or None), `heldout` (text blocks or None), `tasks` (eval sets by name), `eval` (what `Trainer`
+    evaluates: held-out text, else the task sets), `description` (card lines), `packing` (the report line saying
+    whether the training rows were packed), `tokenizer` (the given one, else `corpus_tokenizer(data)`) and
+    `heldout_bytes` (UTF-8 bytes of the held-out blocks' scored tokens; None for the byte tokenizer). The corpus
+    is tokenized through cached Arrow files (`zpx_hf_train.data_pipeline`)."""
     from datasets import concatenate_datasets
 
-    from zpx_hf_train.data_tasks import split_documents, task_dataset, text_dataset
-    from zpx_hf_train.tokenizer import describe_tokenizer, is_byte_tokenizer, training_tokenizer
+    from zpx_hf_train.data_pipeline import row_features
+    from zpx_hf_train.data_tasks import task_dataset
+    from zpx_hf_train.tokenizer import describe_tokenizer, is_byte_tokenizer
 
-    parts, heldout, heldout_bytes, descriptions = [], None, None, []
+    if tokenizer is None:
+        tokenizer = corpus_tokenizer(data)
+    parts, heldout, heldout_bytes, descriptions, stream = [], None, None, [], None
     if data.text_source != "none":
-        documents = load_text_documents(data)
-        train_docs, heldout_docs = split_documents(documents, data.heldout_fraction, data.split_seed)
-        tokenizer = tokenizer if tokenizer is not None else training_tokenizer(data, train_docs)
-        try:
-            parts.append(text_dataset(train_docs, data.seq_len, data.max_train_blocks, tokenizer))
-        except ValueError as error:
-            raise ConfigError(
-                f"key `data.text_source` = {data.text_source!r}: {error} Lower `data.seq_len`."
-            ) from error
-        try:
-            heldout = text_dataset(heldout_docs, data.seq_len, data.max_eval_blocks, tokenizer)
-        except ValueError:
-            heldout = None  # held-out text shorter than one block: perplexity is skipped
-        unit = "bytes" if is_byte_tokenizer(tokenizer) else "tokens"
-        descriptions.append(
-            f"text: {source_name(data.text_source)}, {len(train_docs)} train / {len(heldout_docs)} held-out "
-            f"documents, {len(parts[0])} train blocks of {data.seq_len} {unit}"
-        )
-    tokenizer = tokenizer if tokenizer is not None else training_tokenizer(data, ())
+        if data.streaming:
+            stream, heldout, line = streamed_text(data, tokenizer)
+        else:
+            blocks, heldout, line = arrow_text(data, tokenizer)
+            parts.append(blocks)
+        descriptions.append(line)
     byte_level = is_byte_tokenizer(tokenizer)
     if heldout is not None and not byte_level:
         heldout_bytes = scored_bytes(heldout, tokenizer)
@@ -380,7 +448,8 @@ def build_datasets(data: DataArguments, tokenizer: Any = None) -> dict[str, Any]
         params_with = {**params, "tokenizer": task_tokenizer}
         try:
             if count:
-                parts.append(task_dataset(task, count, data.task_seed, data.seq_len, **params_with))
+                part = task_dataset(task, count, data.task_seed, data.seq_len, **params_with)
+                parts.append(part.select_columns(COLUMNS).cast(row_features(tokenizer)))
             seed = data.task_seed + 1
             tasks[task] = task_dataset(task, data.eval_examples_per_task, seed, data.seq_len, **params_with)
         except ValueError as error:  # the same example is longer in this tokenizer's tokens
@@ -390,11 +459,18 @@ def build_datasets(data: DataArguments, tokenizer: Any = None) -> dict[str, Any]
             f"synthetic `{task}` ({shown}): {count} train / {data.eval_examples_per_task} eval examples"
         )
     descriptions.append(f"tokenizer: {describe_tokenizer(data, tokenizer)}")
-    train = concatenate_datasets([part.select_columns(COLUMNS) for part in parts])
     packing = f"no: one block or example per row of {data.seq_len} tokens, padded (data.packing: false)"
+    if stream is not None:
+        train: Any = stream
+        packing = f"no: streamed blocks of {data.seq_len} tokens (data.streaming: true)"
+    else:
+        train = concatenate_datasets(parts)
     if data.packing:
+        from zpx_hf_train.data_pipeline import pack_rows as pack
+
         examples = len(train)
-        train = pack_rows(train, data.seq_len, tokenizer)
+        key = json.dumps([[f["filename"] for f in train.cache_files], asdict(data)], sort_keys=True)
+        train = pack(train, data.seq_len, tokenizer, data.cache_dir, key)
         descriptions.append(
             f"packed: {examples} training rows repacked into {len(train)} rows of {data.seq_len} tokens, position_ids "
             "restarting at every document and example (no attention across them)"
@@ -406,6 +482,7 @@ def build_datasets(data: DataArguments, tokenizer: Any = None) -> dict[str, Any]
         eval_sets = {name: dataset.select_columns(COLUMNS) for name, dataset in tasks.items()} or None
     return {
         "train": train,
+        "text_train": parts[0] if data.text_source != "none" and stream is None else None,
         "heldout": heldout,
         "tasks": tasks,
         "eval": eval_sets,
@@ -414,6 +491,23 @@ def build_datasets(data: DataArguments, tokenizer: Any = None) -> dict[str, Any]
         "tokenizer": tokenizer,
         "heldout_bytes": heldout_bytes,
     }
+
+
+def corpus_tokenizer(data: DataArguments) -> Any:
+    """The run's tokenizer (`tokenizer.training_tokenizer` of `data.tokenizer`): a trained one is trained on the
+    training split's documents (`split_text`); under several processes it is process 0's, so every process calls
+    this, outside `main_process_first` (the tokenizer is shared by a collective)."""
+    from zpx_hf_train.tokenizer import parse_tokenizer_spec, training_tokenizer
+
+    if parse_tokenizer_spec("config", data.tokenizer).kind != "train":
+        return training_tokenizer(data, ())
+    if data.text_source == "none" or data.streaming:  # refused when the config is read; a caller may skip that
+        raise ConfigError(
+            "key `data.tokenizer`: a tokenizer trained on the corpus needs a non-streamed `data.text_source`; train "
+            "it in a non-streaming run and give its folder."
+        )
+    train_view, _ = split_text(data)
+    return training_tokenizer(data, train_view)
 
 
 def scored_bytes(blocks: Any, tokenizer: Any) -> int:
@@ -427,50 +521,99 @@ def scored_bytes(blocks: Any, tokenizer: Any) -> int:
     return total
 
 
-def pack_rows(train: Any, seq_len: int, tokenizer: Any = None) -> Any:
-    """Training rows repacked (`data.packing`): each row's documents (text blocks split where a document starts:
-    at every start marker of `tokenizer.document_markers`, `<s>`, or after an end marker when there is none; a
-    task example's real tokens; `tokenizer` None: the byte tokenizer) placed whole, in order, into rows of
-    `seq_len` tokens with `position_ids` restarting at each. A document's first label is ignored (nothing predicts
-    across a boundary); a row's unused tail is one more document of padding with ignored labels, so rows need no
-    padding mask (the model reads documents from restarting positions only when nothing is padded)."""
-    from datasets import Dataset
+def split_text(data: DataArguments) -> tuple[Any, Any]:
+    """`(train, held-out)` `DocumentView`s of the corpus (`split_documents`: the same split as a list; a corpus of
+    one document is split by characters into a train part and a held-out part)."""
+    from zpx_hf_train.data_tasks import DocumentView, split_documents
 
-    from zpx_hf.tokenization_bytes import BOS_ID, PAD_ID
-    from zpx_hf_train.data_tasks import IGNORE_INDEX
-    from zpx_hf_train.tokenizer import document_markers, pad_id
+    documents = load_text_documents(data)
+    single = len(documents) < 2
+    if single or not isinstance(documents, DocumentView):  # or the embedded corpus: an in-memory dataset
+        from datasets import Dataset
 
-    opening, closing = ([BOS_ID], []) if tokenizer is None else document_markers(tokenizer)
-    padding = PAD_ID if tokenizer is None else pad_id(tokenizer)
+        texts = list(documents)
+        if single:
+            texts = [text for part in split_documents(texts, data.heldout_fraction, data.split_seed) for text in part]
+        documents = DocumentView(Dataset.from_dict({"text": texts}), "text", range(len(texts)))
+    if single:
+        return documents.subset([0]), documents.subset([1])
+    return split_documents(documents, data.heldout_fraction, data.split_seed)
 
-    def opens(ids: list[int], i: int) -> bool:  # a document begins at position i
-        return ids[i] == opening[0] if opening else ids[i - 1] == closing[0]
 
-    rows: dict[str, list[list[int]]] = {"input_ids": [], "labels": [], "position_ids": [], "attention_mask": []}
-    current: dict[str, list[int]] = {"input_ids": [], "labels": [], "position_ids": []}
+def arrow_text(data: DataArguments, tokenizer: Any) -> tuple[Any, Any, str]:
+    """`(train blocks, held-out blocks or None, card line)` of the corpus through cached Arrow files: documents
+    split (`split_text`), tokenized (`tokenize_for_blocks`), cut into blocks."""
+    from zpx_hf_train.data_pipeline import cache_folder, group_blocks, tokenize_for_blocks
+    from zpx_hf_train.tokenizer import is_byte_tokenizer
 
-    def close_row() -> None:
-        tail = seq_len - len(current["input_ids"])
-        if not current["input_ids"]:
-            return
-        rows["input_ids"].append(current["input_ids"] + [padding] * tail)
-        rows["labels"].append(current["labels"] + [IGNORE_INDEX] * tail)
-        rows["position_ids"].append(current["position_ids"] + list(range(tail)))
-        rows["attention_mask"].append([1] * seq_len)
-        for values in current.values():
-            values.clear()
+    train_view, heldout_view = split_text(data)
+    work = (tokenizer, data.seq_len)
+    train_tokens, reused = tokenize_for_blocks(train_view, *work, data.max_train_blocks, data.num_proc, data.cache_dir)
+    try:
+        train = group_blocks(train_tokens, tokenizer, data.seq_len, data.max_train_blocks, data.cache_dir)
+    except ValueError as error:
+        raise ConfigError(f"key `data.text_source` = {data.text_source!r}: {error} Lower `data.seq_len`.") from error
+    heldout_tokens, heldout_reused = tokenize_for_blocks(
+        heldout_view, *work, data.max_eval_blocks, data.num_proc, data.cache_dir
+    )
+    try:
+        heldout = group_blocks(heldout_tokens, tokenizer, data.seq_len, data.max_eval_blocks, data.cache_dir)
+    except ValueError:
+        heldout = None  # held-out text shorter than one block: perplexity is skipped
+    folder = cache_folder(data.cache_dir)
+    if reused and heldout_reused:
+        print(f"data: reusing the tokenized corpus cached in {folder} (same documents and tokenizer)", flush=True)
+    else:
+        print(
+            f"data: tokenized the corpus into {folder} (the next run with this corpus and tokenizer reuses it)",
+            flush=True,
+        )
+    unit = "bytes" if is_byte_tokenizer(tokenizer) else "tokens"
+    held = f"{len(heldout)} held-out blocks" if heldout is not None else "no held-out block"
+    line = (
+        f"text: {source_name(data.text_source)}, {len(train_view)} train / {len(heldout_view)} held-out "
+        f"documents, {len(train)} train blocks / {held} of {data.seq_len} {unit}"
+    )
+    return train, heldout, line
 
-    for ids, mask, labels in zip(train["input_ids"], train["attention_mask"], train["labels"]):
-        real = [index for index, keep in enumerate(mask) if keep]
-        starts = [i for i in real if i != real[0] and opens(ids, i)] if real else []
-        for begin, end in zip([real[0]] + starts if real else [], starts + [real[-1] + 1] if real else []):
-            if len(current["input_ids"]) + end - begin > seq_len:
-                close_row()
-            current["input_ids"] += ids[begin:end]
-            current["labels"] += [IGNORE_INDEX] + labels[begin + 1 : end]
-            current["position_ids"] += list(range(end - begin))
-    close_row()
-    return Dataset.from_dict(rows)
+
+def process_position() -> tuple[int, int]:
+    """`(rank, world size)` of this process under accelerate / torch.distributed; `(0, 1)` alone."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def streamed_text(data: DataArguments, tokenizer: Any) -> tuple[Any, Any, str]:
+    """`(TextStream, held-out blocks, card line)` of a streamed corpus: this process's shard of the training
+    documents and the first `max_eval_blocks` held-out blocks (the split: `data_pipeline.is_heldout`)."""
+    from zpx_hf_train.data_pipeline import heldout_stream_blocks, split_side, stream_blocks
+    from zpx_hf_train.data_tasks import open_stream
+
+    column = data.text_column if data.text_source != "pydoc" else "text"
+    source = _reading(data, lambda: open_stream(data.text_source, column, data.dataset_config_name, data.dataset_split))
+    rank, world_size = process_position()
+    split = (column, data.heldout_fraction, data.split_seed)
+    train = split_side(source, *split, heldout=False, max_documents=data.max_documents)
+    stream = stream_blocks(
+        train, tokenizer, column, data.seq_len, data.shuffle_buffer, data.split_seed, rank, world_size
+    )
+    held = split_side(source, *split, heldout=True, max_documents=data.max_documents)
+    max_blocks = data.max_eval_blocks
+    if max_blocks is None:  # (refused when the config is read)
+        raise ConfigError("key `data.max_eval_blocks` must be set with `data.streaming` (a stream has no end).")
+    try:
+        heldout = _reading(data, lambda: heldout_stream_blocks(held, tokenizer, column, data.seq_len, max_blocks))
+    except ValueError:
+        heldout = None
+    line = (
+        f"text: {source_name(data.text_source)}, streamed (shuffle buffer of {data.shuffle_buffer} blocks, "
+        f"process {rank} of {world_size} reading its shard), blocks of {data.seq_len} tokens; held out: documents "
+        f"whose hash falls under {data.heldout_fraction} ({len(heldout) if heldout is not None else 0} blocks)"
+    )
+    return stream, heldout, line
 
 
 def dataset_tags(data: DataArguments) -> list[str]:
@@ -491,9 +634,9 @@ __all__ = [
     "TASK_SPECS",
     "TaskSpec",
     "build_datasets",
+    "check_streaming_training",
     "check_local_source",
     "dataset_tags",
-    "pack_rows",
     "load_text_documents",
     "scored_bytes",
     "source_name",

@@ -370,7 +370,9 @@ def text_documents(dataset: Any, column: str) -> DocumentView:
     return DocumentView(rows, column, indices)
 
 
-def split_documents(documents: Sequence[str], heldout_fraction: float, seed: int) -> tuple[Sequence[str], ...]:
+def split_documents(
+    documents: Sequence[str], heldout_fraction: float, seed: int
+) -> tuple[Sequence[str], Sequence[str]]:
     """Deterministic document-level split `(train, held out)`; a single document is split by characters instead.
     A `DocumentView` (documents already non-blank) is split into views, unread; a list into lists."""
     if not 0 < heldout_fraction < 1:
@@ -439,6 +441,42 @@ def open_documents(
             )
         documents = text_documents(dataset, text_column)
     return documents[:max_documents] if max_documents else documents
+
+
+def open_stream(
+    source: str = "pydoc", text_column: str = "text", dataset_config_name: str | None = None, split: str = "train"
+) -> Any:
+    """The source of `open_documents` as a `datasets.IterableDataset` read lazily (`data.streaming`): local files
+    and Hub datasets through `load_dataset(..., streaming=True)`, a `save_to_disk` folder or the embedded corpus
+    through `to_iterable_dataset`. Its first row is read here, so a missing `text_column` fails now."""
+    from datasets import Dataset, load_dataset
+
+    if source == "pydoc":
+        stream = Dataset.from_dict({text_column: pydoc_documents()}).to_iterable_dataset()
+    elif is_local_source(source):
+        path = os.path.expanduser(source)
+        saved = os.path.isdir(path) and any(
+            os.path.exists(os.path.join(path, name)) for name in ("dataset_info.json", "dataset_dict.json")
+        )
+        if saved or not os.path.exists(path):
+            stream = _load_local(path, split).to_iterable_dataset()
+        elif os.path.isdir(path):
+            stream = load_dataset(path, split=split, streaming=True)
+        else:
+            builder = TEXT_FILE_BUILDERS.get(os.path.splitext(path)[1].lower())
+            if builder is None:
+                _load_local(path, split)  # raises the error naming the file types
+            extra = {"sample_by": "paragraph"} if builder == "text" else {}
+            stream = load_dataset(builder, data_files=path, split="train", streaming=True, **extra)
+    else:
+        stream = load_dataset(source, dataset_config_name, split=split, streaming=True)
+    with _datasets_quiet():
+        first = next(iter(stream.take(1)), None)
+    if first is not None and text_column not in first:
+        raise ValueError(
+            f"config key `data.text_column`: column {text_column!r} not in {source!r} (columns: {sorted(first)})."
+        )
+    return stream
 
 
 @contextlib.contextmanager
@@ -543,6 +581,7 @@ __all__ = [
     "load_documents",
     "mqar_examples",
     "open_documents",
+    "open_stream",
     "pack_documents",
     "passkey_examples",
     "pydoc_documents",

@@ -73,6 +73,11 @@ def gpus_hidden() -> bool:
     return value is not None and all(not part.strip() or part.strip().startswith("-") for part in value.split(","))
 
 
+def machine_count(world_size: int) -> int:
+    """Machines (nodes) of the launch: torchrun gives each process `LOCAL_WORLD_SIZE`, the processes of its node."""
+    return max(1, world_size // int(os.environ.get("LOCAL_WORLD_SIZE") or world_size or 1))
+
+
 def cpu_fsdp_requested() -> bool:
     """Whether this process is an FSDP launch on CPU (sharded by `shard_model`)."""
     return bool(_cpu_fsdp)

@@ -3,15 +3,18 @@
 Perplexity is the token-weighted mean next-token cross-entropy of the LM head only (the ZPX
 centre-cancellation term is a regulariser, not part of the likelihood). Task accuracy counts an
 answer position t correct when `argmax logits[t-1] == input_ids[t]`; `exact_match` needs every
-answer token of an example right. Reports, plots and model cards are written by `zpx_hf_train.report`.
+answer token of an example right. Held-out bits per byte comes with its standard error over the held-out
+blocks and, from `ngram_references`, byte n-gram models scored on the same tokens. Reports, plots and model
+cards are written by `zpx_hf_train.report`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -62,7 +65,7 @@ def perplexity(
     was_training = model.training
     model.eval()
     device = input_device(model)
-    total_nll, total_tokens = 0.0, 0
+    row_nll, row_tokens = [], []
     for batch in _batches(dataset, batch_size):
         mask = batch.get("attention_mask")
         logits = model(
@@ -70,21 +73,58 @@ def perplexity(
         ).logits.float()
         labels = batch["labels"][:, 1:].to(device)
         nll = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
-        )
-        total_nll += nll.item()
-        total_tokens += int((labels != -100).sum())
+            logits[:, :-1].transpose(1, 2), labels, ignore_index=-100, reduction="none"
+        ).double()
+        row_nll += nll.sum(-1).tolist()
+        row_tokens += (labels != -100).sum(-1).tolist()
     model.train(was_training)
+    total_tokens, total_nll = sum(row_tokens), sum(row_nll)
     loss = total_nll / max(total_tokens, 1)
+    se = _ratio_standard_error(row_nll, row_tokens)  # nats per token
+    per_byte = 1 / math.log(2) if num_bytes is None else total_tokens / max(num_bytes, 1) / math.log(2)
     metrics = {
         "loss": loss,
         "perplexity": math.exp(min(loss, 50.0)),
         "bits_per_byte": loss / math.log(2) if num_bytes is None else total_nll / math.log(2) / max(num_bytes, 1),
         "tokens": total_tokens,
+        "sequences": len(row_nll),
+        "bits_per_byte_se": None if se is None else se * per_byte,
     }
     if num_bytes is not None:
         metrics["bytes"] = num_bytes
     return metrics
+
+
+def _ratio_standard_error(nll: list[float], tokens: list[int]) -> float | None:
+    """Standard error of sum(nll) / sum(tokens) over sequences (the delta method for a ratio of means,
+    se^2 = sum((nll_i - loss tokens_i)^2) / (n (n - 1) mean(tokens)^2)); None under two sequences."""
+    n = len(nll)
+    if n < 2 or sum(tokens) == 0:
+        return None
+    loss = sum(nll) / sum(tokens)
+    residual = sum((x - loss * t) ** 2 for x, t in zip(nll, tokens))
+    return math.sqrt(residual / (n * (n - 1))) / (sum(tokens) / n)
+
+
+def ngram_references(train: Any, heldout: Any, orders: Sequence[int] = (3, 5)) -> dict[str, float]:
+    """Bits per token of n-gram models over the byte tokenizer's ids (`zpx_hf_train.ngram`), trained on the
+    training text blocks read in order as one stream and scored on exactly the positions `perplexity` scores:
+    every held-out block's labels from its second token on, the context inside the block (as the model's)."""
+    from zpx_hf.tokenization_bytes import VOCAB_SIZE
+
+    from .ngram import NgramModel
+
+    stream = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in train["input_ids"]])
+    blocks = [
+        (np.asarray(ids, dtype=np.int64), np.asarray(labels))
+        for ids, labels in zip(heldout["input_ids"], heldout["labels"])
+    ]
+    out = {}
+    for order in orders:
+        model = NgramModel(order, alphabet=VOCAB_SIZE).fit(stream)
+        bits = [model.bits(ids, np.flatnonzero(labels[1:] != -100) + 1) for ids, labels in blocks]
+        out[f"byte {order}-gram"] = float(np.concatenate(bits).mean())
+    return out
 
 
 @torch.no_grad()
@@ -128,4 +168,4 @@ def evaluate_model(
     return metrics
 
 
-__all__ = ["evaluate_model", "input_device", "perplexity", "task_accuracy"]
+__all__ = ["evaluate_model", "input_device", "ngram_references", "perplexity", "task_accuracy"]

@@ -30,7 +30,7 @@ from typing import Any
 
 from .cli import cli_main
 from .config import ConfigError, RunArguments, RunConfig, check_positions, parse_config_file
-from .data import DataArguments, build_datasets, dataset_tags, validate_data_args
+from .data import DataArguments, build_datasets, check_streaming_training, dataset_tags, validate_data_args
 from .job import open_run, publish, train_and_save, weights_mismatch, write_card
 from .report import card_data, mapping_table, model_card_template, render_model_card, write_report
 from .run_folder import STAGING, publish_folder
@@ -113,6 +113,7 @@ def load_finetune_config(path: str, cli_args: Sequence[str] = ()) -> RunConfig:
             "the base model's own tokenizer; remove data.tokenizer."
         )
     validate_data_args(path, run[DataArguments])
+    check_streaming_training(path, run[DataArguments], run[TrainingArguments])
     return run
 
 

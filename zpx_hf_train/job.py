@@ -88,6 +88,11 @@ def train_and_save(trainer: Any, run: RunFolders) -> dict[str, Any]:
         trainer.state = TrainerState.load_from_json(str(Path(resume.checkpoint, TRAINER_STATE)))
         metrics: dict[str, Any] = {"train_runtime": 0.0, "finished_from": Path(resume.checkpoint).name}
     else:
+        if resume is not None and hasattr(trainer.train_dataset, "restore"):  # a streamed corpus's position
+            try:
+                trainer.train_dataset.restore(resume.checkpoint)
+            except ValueError as error:
+                raise ConfigError(f"key `training.resume_from_checkpoint`: {error}") from error
         metrics = dict(trainer.train(resume_from_checkpoint=resume.checkpoint if resume else None).metrics)
     trainer.save_model()
     return metrics

@@ -14,9 +14,12 @@ from the copied modelling code. The run folder also gets the inspection pictures
 embedded in its report and model card. A second run into the same folder replaces the first
 (`--overwrite_output_dir true` is the job's default).
 
-The job ends with what the model learned: each recall task's held-out answer-token accuracy beside chance
-(uniform guessing over the task's answer alphabet) and the bar 0.9 (`report.recall_verdict`), and a WARNING on
-stderr for every task below the bar, so a run that learned only the text says so. Prompts are tokenized with
+The job ends with what the model learned: held-out bits per byte with its standard error and its size, beside
+byte 3- and 5-gram models trained on the same training text and scored on the same held-out tokens
+(`evaluation.ngram_references`); each recall task's held-out answer-token accuracy beside chance (uniform
+guessing over the answer alphabet), the copy floor (answering with a value drawn from the context,
+`report.recall_floor`: MQAR's 4 pairs give 0.279, not 1/26) and the bar 0.9 (`report.recall_verdict`), and a
+WARNING on stderr for every task below the bar, so a run that learned only the text says so. Prompts are tokenized with
 `add_bos_token=True`: the tokenizer adds no BOS by default and every training document starts with one.
 
 One intra-op thread by default: for a model this small a second thread gains little, and on a shared
@@ -154,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{shown} -> model: {reloaded['recall']!r}, expected: {answer!r}")
 
     print("---- final metrics ----")
-    print(metrics_table({"heldout": result["metrics"].get("heldout")}))
+    text_metrics = heldout_metrics(result)
+    print(metrics_table(text_metrics))
     print("---- what the model learned: recall tasks, held out ----")
-    recall = recall_rows(result)
+    recall = recall_rows(result, run.args[DataArguments])
     print(recall_table(recall))
     warn_unlearned(recall)
     train = result["train_metrics"]
@@ -166,17 +170,39 @@ def main(argv: list[str] | None = None) -> int:
         f"total {total:.0f} s | checkpoint: {output_dir} (report.md, metrics.json, loss_curve.png, inspection/)"
     )
     if own["--summary"]:
-        write_summary(Path(own["--summary"]), argv, run, result, total, threads, drift, reloaded["sample"], recall)
+        summary = Path(own["--summary"])
+        write_summary(summary, argv, run, result, total, threads, drift, reloaded["sample"], recall, text_metrics)
     return 0
 
 
-def recall_rows(result: dict) -> list[dict]:
-    """`report.recall_results` of a finished run, counting answer tokens in its held-out task sets."""
-    from .report import recall_results
+def heldout_metrics(result: dict) -> dict:
+    """`{"heldout": ..., "heldout_references": {"byte 3-gram": bpb, ...}}` of a finished run (no references
+    without held-out text, or with a tokenizer that is not byte-level)."""
+    from .evaluation import ngram_references
 
+    datasets = result["datasets"]
+    metrics = {"heldout": result["metrics"].get("heldout")}
+    byte_level = is_byte_tokenizer(datasets.get("tokenizer"))  # byte n-grams score bytes, not another tokenizer's ids
+    if (
+        metrics["heldout"]
+        and byte_level
+        and datasets.get("heldout") is not None
+        and datasets.get("text_train") is not None
+    ):
+        metrics["heldout_references"] = ngram_references(datasets["text_train"], datasets["heldout"])
+    return metrics
+
+
+def recall_rows(result: dict, data: DataArguments) -> list[dict]:
+    """`report.recall_results` of a finished run, counting answer tokens in its held-out task sets, against each
+    task's copy floor at the run's task parameters."""
+    from .report import recall_floor, recall_results
+
+    tasks = result["datasets"]["tasks"]
     # position 0 is BOS, never an answer: every answer_mask entry is an evaluated answer token
-    answer_tokens = {name: sum(map(sum, data["answer_mask"])) for name, data in result["datasets"]["tasks"].items()}
-    return recall_results(result["metrics"], answer_tokens)
+    answer_tokens = {name: sum(map(sum, dataset["answer_mask"])) for name, dataset in tasks.items()}
+    floors = {name: recall_floor(name, TASK_SPECS[name].params(data)) for name in tasks}
+    return recall_results(result["metrics"], answer_tokens, floors)
 
 
 def warn_unlearned(recall: list[dict]) -> None:
@@ -187,7 +213,7 @@ def warn_unlearned(recall: list[dict]) -> None:
         if row["verdict"] != "learned":
             print(
                 f"zpx-main: WARNING: recall task {row['task']} is {row['verdict']} (answer-token accuracy "
-                f"{row['token_accuracy']:.3f}, chance {row['chance']:.3f}, bar {RECALL_BAR}): this run did not "
+                f"{row['token_accuracy']:.3f}, copy floor {row['floor']:.3f}, bar {RECALL_BAR}): this run did not "
                 "learn it.",
                 file=sys.stderr,
             )
@@ -220,9 +246,11 @@ def write_summary(
     drift: float,
     sample: str,
     recall: list[dict],
+    text_metrics: dict,
 ) -> None:
     """The README's main-job section: command (with the `flags` that overrode the config), machine, runtime,
-    training mix, text metrics and what the model learned of each recall task (against chance and the bar)."""
+    training mix, text metrics beside the n-gram references and what the model learned of each recall task
+    (against chance, the copy floor and the bar)."""
     import platform
 
     import torch
@@ -253,10 +281,15 @@ def write_summary(
         "",
         *(f"- {line}" for line in result["datasets"]["description"]),
         "",
-        metrics_table({"heldout": result["metrics"].get("heldout")}),
+        metrics_table(text_metrics),
         "",
-        f"Recall tasks on held-out examples (learned: answer-token accuracy >= {RECALL_BAR}; at chance: within 3 "
-        "binomial standard errors of uniform guessing over the answer alphabet):",
+        "Byte n-grams: interpolated Witten-Bell over the tokenizer's ids (`zpx_hf_train.ngram`), trained on the "
+        "training text blocks, scored on the held-out tokens the model is scored on (context inside the block).",
+        "",
+        f"Recall tasks on held-out examples (learned: answer-token accuracy >= {RECALL_BAR}; chance: uniform guessing "
+        "over the answer alphabet; copy floor: answering with a value drawn uniformly from the context, 1 / C + "
+        "(1 - 1 / C) / |alphabet| for C candidates, `zpx_hf_train.report.recall_floor`; at the floor: at most 3 "
+        "binomial standard errors above it):",
         "",
         recall_table(recall),
         "",

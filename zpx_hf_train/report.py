@@ -104,7 +104,14 @@ def metrics_table(metrics: Mapping[str, Any]) -> str:
     if heldout:
         unit = "per token" if "bytes" in heldout else "per byte"  # `bytes`: the tokenizer is not byte-level
         rows.append(f"| held-out perplexity ({unit}) | {heldout['perplexity']:.3f} |")
-        rows.append(f"| held-out bits per byte | {heldout['bits_per_byte']:.3f} |")
+        bpb = f"{heldout['bits_per_byte']:.3f}"
+        if heldout.get("bits_per_byte_se") is not None:
+            bpb += f" ± {heldout['bits_per_byte_se']:.3f} (standard error over {heldout['sequences']} blocks)"
+        rows.append(f"| held-out bits per byte | {bpb} |")
+        if heldout.get("tokens"):
+            rows.append(f"| held-out tokens scored | {heldout['tokens']:,} |")
+    for name, value in metrics.get("heldout_references", {}).items():
+        rows.append(f"| {name}, same held-out tokens: bits per byte | {value:.3f} |")
     for name, result in metrics.get("tasks", {}).items():
         rows.append(f"| {name} answer-token accuracy | {result['token_accuracy']:.3f} |")
         rows.append(f"| {name} exact match | {result['exact_match']:.3f} |")
@@ -122,46 +129,80 @@ def chance_levels() -> dict[str, float]:
     return {"mqar": 1 / len(VALUE_CHARS), "passkey": 1 / len(DIGITS), "selective_copy": 1 / len(KEY_CHARS)}
 
 
-def recall_verdict(accuracy: float, chance: float, answer_tokens: int, bar: float = RECALL_BAR) -> str:
-    """`learned` (accuracy >= bar), `at chance` (within 3 binomial standard errors of chance over the
-    evaluated answer tokens, sqrt(p (1 - p) / n)), else `above chance, below the bar`."""
+def recall_floor(task: str, params: Mapping[str, Any]) -> float:
+    """Answer-token accuracy of copying a value from the context, exactly, for a task's generator `params`.
+
+    Each answer token is answered with the matching token of one candidate drawn uniformly from the C candidates
+    the context holds (MQAR: the values of its `num_pairs` pairs; pass-key: its needle and distractor numbers;
+    selective copy: its `num_tokens` data letters). The drawn candidate is the right one with probability 1 / C;
+    the others are drawn independently and uniformly from the answer alphabet A, so they match by coincidence
+    with probability 1 / |A|:
+
+        floor = 1 / C + (1 - 1 / C) / |A|
+
+    A model that found the answers' place in the context but not which one a query asks for scores this, not
+    1 / |A|; recall begins above it."""
+    import inspect
+
+    from .data_tasks import DIGITS, KEY_CHARS, VALUE_CHARS, passkey_examples
+
+    if task == "mqar":
+        candidates, alphabet = params["num_pairs"], len(VALUE_CHARS)
+    elif task == "passkey":  # generator defaults for the counts a config does not set
+        defaults = {k: v.default for k, v in inspect.signature(passkey_examples).parameters.items()}
+        needles = params.get("num_needles", defaults["num_needles"])
+        candidates, alphabet = needles + params.get("num_distractors", defaults["num_distractors"]), len(DIGITS)
+    elif task == "selective_copy":
+        candidates, alphabet = params["num_tokens"], len(KEY_CHARS)
+    else:
+        raise ValueError(f"recall_floor: no floor for task {task!r}.")
+    return 1 / candidates + (1 - 1 / candidates) / alphabet
+
+
+def recall_verdict(accuracy: float, floor: float, answer_tokens: int, bar: float = RECALL_BAR) -> str:
+    """`learned` (accuracy >= bar), `at the floor` (within 3 binomial standard errors of the copy floor over the
+    evaluated answer tokens, sqrt(p (1 - p) / n), or below it), else `above the floor, below the bar`."""
     if accuracy >= bar:
         return "learned"
-    if accuracy <= chance + 3 * math.sqrt(chance * (1 - chance) / max(answer_tokens, 1)):
-        return "at chance"
-    return "above chance, below the bar"
+    if accuracy <= floor + 3 * math.sqrt(floor * (1 - floor) / max(answer_tokens, 1)):
+        return "at the floor"
+    return "above the floor, below the bar"
 
 
-def recall_results(metrics: Mapping[str, Any], answer_tokens: Mapping[str, int]) -> list[dict[str, Any]]:
-    """One row per evaluated task: accuracy, exact match, chance, answer tokens and `recall_verdict`."""
+def recall_results(
+    metrics: Mapping[str, Any], answer_tokens: Mapping[str, int], floors: Mapping[str, float]
+) -> list[dict[str, Any]]:
+    """One row per evaluated task: accuracy, exact match, chance, the copy floor (`recall_floor`), answer tokens
+    and `recall_verdict` against the floor."""
     chance = chance_levels()
     rows = []
     for task, result in metrics.get("tasks", {}).items():
-        level = chance[task]
         rows.append(
             {
                 "task": task,
                 "token_accuracy": result["token_accuracy"],
                 "exact_match": result["exact_match"],
-                "chance": level,
+                "chance": chance[task],
+                "floor": floors[task],
                 "examples": result.get("examples", 0),
                 "answer_tokens": answer_tokens[task],
-                "verdict": recall_verdict(result["token_accuracy"], level, answer_tokens[task]),
+                "verdict": recall_verdict(result["token_accuracy"], floors[task], answer_tokens[task]),
             }
         )
     return rows
 
 
 def recall_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Markdown table of `recall_results`: what the model learned, against chance and the bar."""
+    """Markdown table of `recall_results`: what the model learned, against the copy floor and the bar."""
     lines = [
-        "| recall task | answer-token accuracy | exact match | chance | held-out examples (answer tokens) | verdict |",
-        "|---|---:|---:|---:|---:|---|",
+        "| recall task | answer-token accuracy | exact match | chance | copy floor | held-out examples (answer tokens) "
+        "| verdict |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         lines.append(
             f"| {row['task']} | {row['token_accuracy']:.3f} | {row['exact_match']:.3f} | {row['chance']:.3f} | "
-            f"{row['examples']} ({row['answer_tokens']}) | {row['verdict']} |"
+            f"{row['floor']:.3f} | {row['examples']} ({row['answer_tokens']}) | {row['verdict']} |"
         )
     return "\n".join(lines)
 
@@ -323,6 +364,7 @@ __all__ = [
     "metrics_table",
     "model_card_template",
     "plot_loss_curve",
+    "recall_floor",
     "recall_results",
     "recall_table",
     "recall_verdict",

@@ -21,7 +21,14 @@ from typing import Any
 
 from .cli import cli_main
 from .config import ConfigError, ModelArguments, RunArguments, RunConfig, build_model_config, parse_config_file
-from .data import DataArguments, build_datasets, dataset_tags, validate_data_args
+from .data import (
+    DataArguments,
+    build_datasets,
+    check_streaming_training,
+    corpus_tokenizer,
+    dataset_tags,
+    validate_data_args,
+)
 from .distributed import configure_launch, gather_objects, local_parameter_count
 from .job import open_run, publish, train_and_save
 from .report import card_data, model_card_template, render_model_card, write_report
@@ -50,6 +57,7 @@ def load_run_config(path: str, cli_args: Sequence[str] = ()) -> RunConfig:
     )
     data = run[DataArguments]
     validate_data_args(path, data)
+    check_streaming_training(path, data, run[TrainingArguments])
     model_args = run[ModelArguments]
     spec = parse_tokenizer_spec(path, data.tokenizer)
     tokenizer = config_tokenizer(path, spec, data.seq_len)  # None: trained on the corpus when the run starts
@@ -85,8 +93,12 @@ def run_training(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
     model_args, data, training_args = run[ModelArguments], run[DataArguments], run[TrainingArguments]
     spec = parse_tokenizer_spec(run.path, data.tokenizer)
     with open_run(run, "zpx-train", run.model_config.model_type) as folders:
-        datasets = build_datasets(data, resumed_tokenizer(spec, folders.resume, data.seq_len))
-        tokenizer = datasets["tokenizer"]
+        # every process takes the tokenizer first (a trained one is process 0's, shared by a collective), then
+        # process 0 tokenizes the corpus and the others reuse its cached files
+        tokenizer = resumed_tokenizer(spec, folders.resume, data.seq_len)
+        tokenizer = tokenizer if tokenizer is not None else corpus_tokenizer(data)
+        with training_args.main_process_first(desc="tokenizing the corpus"):
+            datasets = build_datasets(data, tokenizer)
         if spec.kind == "train":  # its size is known now: the model follows it
             fit_model_config(run.model_config, run.mappings["model"], tokenizer, spec.vocab_size)
         set_seed(training_args.seed)
@@ -135,6 +147,7 @@ def evaluate_trained(
     import torch
     from transformers import AutoModelForCausalLM, TrainingArguments
 
+    from zpx_hf_train.distributed import machine_count
     from zpx_hf_train.evaluation import evaluate_model
 
     data, training_args = run[DataArguments], run[TrainingArguments]
@@ -158,6 +171,7 @@ def evaluate_trained(
         "parameters": num_params,
         "steps": trainer.state.global_step,
         "world_size": training_args.world_size,
+        "machines": machine_count(training_args.world_size),
         "parallelism": configure_launch(),
         "effective_batch": training_args.per_device_train_batch_size
         * training_args.world_size
@@ -189,6 +203,8 @@ def model_card(
 
     data, training_args = run[DataArguments], run[TrainingArguments]
     model_section = dict(run.mappings["model"])
+    if "init_from" in model_section:  # a local folder: named, never its absolute path (the card may be published)
+        model_section["init_from"] = Path(str(model_section["init_from"])).name
     model_section.setdefault("vocab_size", run.model_config.vocab_size)
     model_type = run.model_config.model_type
     tags = ["zpx-hf", model_type, "custom_code", "text-generation", "geometric-attention"]

@@ -84,7 +84,8 @@ class _Sharded(torch.nn.Module):
 
 
 class GeometricTrainer(Trainer):
-    """`Trainer` with the family's model card, a clear error when the Hub is unreachable, and CPU FSDP."""
+    """`Trainer` with the family's model card, a clear error when the Hub is unreachable, the Hub branch
+    `hub_revision` created before training, and CPU FSDP."""
 
     card_text: str | None = None
     saved_digest: dict[str, Any] | None = None
@@ -103,6 +104,13 @@ class GeometricTrainer(Trainer):
         # forwarded as given: transformers 5.17 takes `token` only, later releases also `private`
         try:
             super().init_hf_repo(*args, **kwargs)
+            if self.args.hub_revision and self.is_world_process_zero():
+                # `Trainer` uploads to this branch and never creates it: the push would fail after the whole run
+                from huggingface_hub import HfApi
+
+                if self.hub_model_id is None:  # init_hf_repo sets it
+                    raise ValueError("the trainer names no Hub repo (hub_model_id)")
+                HfApi().create_branch(self.hub_model_id, branch=self.args.hub_revision, exist_ok=True)
         except Exception as error:  # network, login or permission: before any training
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             name = self.args.hub_model_id or Path(self._get_output_dir(trial=None)).name
@@ -121,10 +129,25 @@ class GeometricTrainer(Trainer):
         super()._save_checkpoint(model, trial)
         self.accelerator.wait_for_everyone()  # every process has written its files (e.g. its rng_state_N.pth)
         folder = Path(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        save_position = getattr(self.train_dataset, "save", None)
+        if save_position is not None and folder.is_dir():  # a streamed corpus: each process's position
+            save_position(folder)
+            self.accelerator.wait_for_everyone()
         if self.args.should_save and folder.is_dir():
             if self.run_marker is not None:
                 atomic_write_json(folder / RUN_MARKER, {**self.run_marker, "finished": False})
             write_manifest(folder)  # last: a checkpoint without it was cut short (`checkpoint_problem`)
+
+    def get_train_dataloader(self) -> Any:
+        """A streamed corpus (`TextStream`, already this process's shard) is read in this process, unprepared:
+        accelerate would otherwise dispatch or re-shard it, and its position must stay here to be saved."""
+        from .data_pipeline import TextStream
+
+        if not isinstance(self.train_dataset, TextStream):
+            return super().get_train_dataloader()
+        return torch.utils.data.DataLoader(
+            self.train_dataset, batch_size=self.args.train_batch_size, collate_fn=self.data_collator, num_workers=0
+        )
 
     def _wrap_model(self, model: Any, training: bool = True, dataloader: Any = None) -> Any:
         if not self.cpu_fsdp:
@@ -231,6 +254,10 @@ def build_trainer(
             file=sys.stderr,
             flush=True,
         )
+    from .data_pipeline import TextStream
+
+    if isinstance(train_dataset, TextStream):
+        training_args.ignore_data_skip = True  # a resumed stream continues from its saved position, never skips
     return GeometricTrainer(
         model=model,
         args=training_args,

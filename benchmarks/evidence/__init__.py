@@ -10,6 +10,7 @@ Run from the repository root:
     python -m benchmarks.evidence.calibrate --trials ...                  # the baseline's budget calibration
     python -m benchmarks.evidence.nbody_study --study ...                 # the N-body protocol study
     python -m benchmarks.evidence.pct_defaults --task mqar                # the PCT defaults sweep
+    python -m benchmarks.evidence.lm_study                                # byte-level LM on the stdlib (issue 37)
 
 Evidence protocol (`--size evidence`, `evidence_smoke`, `full`; `plan`): every variant at every lr of the grid
 with seed 0, the best on a validation split (its own data seed) selected, then seeds 1 .. n-1 at that lr; test
@@ -41,5 +42,5 @@ the same protocol and task budget, so an interrupted suite resumes where it stop
 Modules, each importing only those above it: `protocol` (budgets, sizes, data seeds, selection metrics), `rows`
 (result jsonl, provenance), `stats`, `training` (the shared loop), `nbody` (the N-body task), `tasks` (token
 tasks), `models` (variants, parameter matching), `runs` (one job), `sizes`, `plan`, `report`, `suite` (the
-command line), and the tools `calibrate`, `nbody_study`, `pct_defaults`.
+command line), and the tools `calibrate`, `nbody_study`, `pct_defaults`, `lm_study`.
 """

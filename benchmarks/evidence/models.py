@@ -10,6 +10,7 @@ output with the config's weight.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -143,20 +144,41 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def embedding_parameters(model: nn.Module) -> tuple[int, int]:
+    """(token embedding, LM head) parameters of a `*ForCausalLM`; the head counts 0 when tied to the embedding."""
+    embedding = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    return embedding.numel(), 0 if head is embedding else head.numel()
+
+
+def body_parameters(model: nn.Module) -> int:
+    """Parameters of a `*ForCausalLM` without its token embedding and LM head: the body, which a family's width
+    changes without the vocabulary's weight (a wide Versor's embeddings outweigh its body)."""
+    return count_parameters(model) - sum(embedding_parameters(model))
+
+
 def baseline_width(hidden: int) -> dict[str, int]:
     return {"hidden": hidden, "intermediate": int(FAMILY_SHAPE["zpx"][1] * hidden) // 8 * 8}
 
 
 def match_width(
-    variant: str, hidden: int, layers: int, heads: int, io: dict[str, int], tolerance: float, max_hidden: int | None
+    variant: str,
+    hidden: int,
+    layers: int,
+    heads: int,
+    io: dict[str, int],
+    tolerance: float,
+    max_hidden: int | None,
+    counter: Callable[[nn.Module], int] = count_parameters,
 ) -> dict[str, Any]:
-    """Hidden/intermediate sizes whose parameter count is nearest the baseline's at `hidden`.
+    """Hidden/intermediate sizes whose parameter count (`counter`: all, or `body_parameters`) is nearest the
+    baseline's at `hidden`.
 
     Parameters are affine in the intermediate size at a fixed hidden size, so two builds per hidden size
     give the intermediate size that hits the target; it is rounded to the family granule and verified.
     Versor's grade-wise linears hold far fewer weights than dense ones, so its hidden sizes are searched up
     to `max_hidden` (default VERSOR_WIDTH_FACTOR x hidden) and an unreachable count is reported as such."""
-    target = count_parameters(build_model("baseline", baseline_width(hidden), layers, heads, io))
+    target = counter(build_model("baseline", baseline_width(hidden), layers, heads, io))
     if variant == "baseline":
         return {**baseline_width(hidden), "params": target, "target": target, "matched": True}
     family = family_of(variant)
@@ -172,8 +194,8 @@ def match_width(
     for h in hiddens:
         lo, hi = inter_granule, 16 * inter_granule
         try:
-            p_lo = count_parameters(build_model(variant, {"hidden": h, "intermediate": lo}, layers, heads, io))
-            p_hi = count_parameters(build_model(variant, {"hidden": h, "intermediate": hi}, layers, heads, io))
+            p_lo = counter(build_model(variant, {"hidden": h, "intermediate": lo}, layers, heads, io))
+            p_hi = counter(build_model(variant, {"hidden": h, "intermediate": hi}, layers, heads, io))
         except ValueError:  # a width the family's config rejects (e.g. head shape): not a candidate
             continue
         slope = (p_hi - p_lo) / (hi - lo)
@@ -184,7 +206,7 @@ def match_width(
         error = abs(p_lo + slope * (inter - lo) - target) / target
         candidates.append((error > tolerance, abs(math.log(inter / (ratio * h))), error, h, inter))
     _, _, _, h, inter = min(candidates)
-    params = count_parameters(build_model(variant, {"hidden": h, "intermediate": inter}, layers, heads, io))
+    params = counter(build_model(variant, {"hidden": h, "intermediate": inter}, layers, heads, io))
     return {
         "hidden": h,
         "intermediate": inter,
@@ -215,8 +237,10 @@ __all__ = [
     "SequenceRegressor",
     "base_variant",
     "baseline_width",
+    "body_parameters",
     "build_model",
     "count_parameters",
+    "embedding_parameters",
     "family_of",
     "match_width",
     "model_config",

@@ -1,0 +1,492 @@
+"""The text corpus as training rows through Arrow files: a corpus of any size in bounded memory.
+
+- `tokenize_documents` (the one function that calls the tokenizer): `[bos] + tokenizer(text)["input_ids"] + [eos]`
+  per document with a batched `datasets.map` (`data.num_proc` processes), written as an Arrow file named by a
+  fingerprint of the source (its data files' names, sizes and modification times, or an in-memory corpus's text),
+  the selected documents, the tokenizer (its `tokenizer.json`, else its pickled state) and `FORMAT_VERSION`. A
+  second run with the same corpus and tokenizer reuses the file and prints so; a changed corpus, selection or
+  tokenizer gets a new file. Files live in `data.cache_dir` (default `$HF_DATASETS_CACHE/zpx_hf_train`).
+- `group_blocks`: the token stream of the documents, in order, cut into full blocks of `seq_len` (the tail is
+  dropped): `pack_documents`' blocks, each a slice of the memory-mapped token column, copied once per map batch.
+- `pack_rows` (`data.packing`): rows' documents placed whole, in order, into rows of `seq_len` (next fit) with
+  `position_ids` restarting at each; document lengths are found and rows filled with numpy over map batches.
+- `TextStream` (`data.streaming`): documents read lazily from the source, this process's shard
+  (`split_dataset_by_node`), held-out documents dropped by hash, tokenized, cut into blocks of one continuous
+  stream and drawn through a seeded shuffle buffer; `state_dict()` (source position, the pending tokens, the
+  buffer, the generator) is saved with every checkpoint, so a resumed run continues the stream exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+IGNORE_INDEX = -100
+FORMAT_VERSION = "1"  # part of every cache fingerprint: bump when the layout of the cached files changes
+TOKENIZE_BATCH = 256  # documents per `map` batch: one batch's Python lists stay a few MB
+ROW_BATCH = 512  # blocks or packed rows per `map` batch
+FIRST_RANGE = 256  # documents tokenized first under a block cap; each further range is twice the last
+STREAM_STATE = "data_stream_state-rank{rank}.json"  # a streaming run's position, per process, in each checkpoint
+
+
+def cache_folder(cache_dir: str | None = None) -> Path:
+    """Where tokenized corpora are cached: `cache_dir`, else `$HF_DATASETS_CACHE/zpx_hf_train`."""
+    import datasets
+
+    return Path(os.path.expanduser(cache_dir)) if cache_dir else Path(datasets.config.HF_DATASETS_CACHE, "zpx_hf_train")
+
+
+def special_ids(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """`(start, end)` token ids the tokenizer wraps every document in (`tokenizer.document_markers`: `[bos]`,
+    `[eos]`, none twice when BOS is EOS)."""
+    from .tokenizer import document_markers
+
+    start, end = document_markers(tokenizer)
+    return [int(i) for i in start], [int(i) for i in end]
+
+
+def document_boundary(tokenizer: Any) -> tuple[int | None, int | None]:
+    """`(start id, None)` when documents open with a marker (a document begins at it), else `(None, end id)` (a
+    document begins right after the end marker): where `pack_rows` restarts positions."""
+    start, end = special_ids(tokenizer)
+    return (start[0], None) if start else (None, end[0])
+
+
+def token_dtype(tokenizer: Any) -> str:
+    """The narrowest Arrow type of the tokenizer's ids (a byte or 50k-token vocabulary fits uint16)."""
+    return "uint16" if len(tokenizer) <= 1 << 16 else "int32"
+
+
+def row_features(tokenizer: Any, position_ids: bool = False) -> Any:
+    """Features of training rows: ids in `token_dtype`, labels int32 (they hold -100), masks int8."""
+    from datasets import Features, List, Value
+
+    columns = {
+        "input_ids": List(Value(token_dtype(tokenizer))),
+        "attention_mask": List(Value("int8")),
+        "labels": List(Value("int32")),
+    }
+    if position_ids:
+        columns["position_ids"] = List(Value("int32"))
+    return Features(columns)
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A digest of everything that decides the ids: the class, `tokenizer.json` (fast) or the pickled tokenizer
+    (slow), the BOS / EOS ids."""
+    digest = hashlib.sha256(type(tokenizer).__qualname__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        digest.update(backend.to_str().encode())
+    else:
+        from datasets.fingerprint import Hasher
+
+        digest.update(Hasher.hash(tokenizer).encode())
+    digest.update(json.dumps(special_ids(tokenizer)).encode())
+    return digest.hexdigest()
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps([FORMAT_VERSION, *parts]).encode()).hexdigest()[:24]
+
+
+def source_fingerprint(documents: Any) -> str:
+    """A digest of a `DocumentView`'s rows: the dataset's Arrow files (name, size, mtime: datasets names the cache
+    of a data file by the file's own size and mtime), else the text of an in-memory dataset; the column; the
+    selected row indices."""
+    digest = hashlib.sha256(documents.column.encode())
+    files = documents.dataset.cache_files
+    for entry in files:
+        stat = os.stat(entry["filename"])
+        digest.update(f"{entry['filename']}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    if not files:  # an in-memory corpus (the embedded one): hash its text
+        for batch in documents.dataset.iter(batch_size=1024):
+            for text in batch[documents.column]:
+                digest.update(f"{len(text or '')}\0{text or ''}".encode())
+    digest.update(np.asarray(documents.indices, dtype=np.int64).tobytes())
+    return digest.hexdigest()
+
+
+class _Tokenize:
+    """The batched map function of `tokenize_documents` (a class, so `num_proc` workers can pickle it)."""
+
+    def __init__(self, tokenizer: Any, column: str) -> None:
+        self.tokenizer, self.column = tokenizer, column
+        self.bos, self.eos = special_ids(tokenizer)
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
+        # split_special_tokens: a literal "<s>" in the text is text, never a document boundary
+        texts = batch[self.column]
+        ids = self.tokenizer(texts, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]
+        return {"input_ids": [self.bos + doc + self.eos for doc in ids]}
+
+
+def tokenize_documents(
+    documents: Any, tokenizer: Any, num_proc: int | None = None, cache_dir: str | None = None
+) -> tuple[Any, bool]:
+    """`(dataset, reused)`: the documents of a `DocumentView` tokenized into an Arrow file (`input_ids`: BOS, the
+    tokenizer's ids, EOS), and whether the file came from the cache of an earlier run."""
+    from datasets import Features, List, Value
+
+    key = _digest(source_fingerprint(documents), tokenizer_fingerprint(tokenizer))
+    folder = cache_folder(cache_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"tokens-{key}.arrow"
+    before = {str(p) for p in folder.glob(f"tokens-{key}*.arrow")}
+    selected = documents.dataset.select(np.asarray(documents.indices, dtype=np.int64))
+    tokens = selected.map(
+        _Tokenize(tokenizer, documents.column),
+        batched=True,
+        batch_size=TOKENIZE_BATCH,
+        remove_columns=selected.column_names,
+        features=Features({"input_ids": List(Value(token_dtype(tokenizer)))}),
+        num_proc=num_proc if num_proc and num_proc > 1 and len(selected) > 1 else None,
+        cache_file_name=str(path),
+        new_fingerprint=key,
+        desc="Tokenizing documents",
+    )
+    reused = bool(before) and all(entry["filename"] in before for entry in tokens.cache_files)
+    return tokens, reused
+
+
+def token_count(tokens: Any) -> int:
+    """Tokens of a tokenized dataset, from its list offsets (no token is read)."""
+    import pyarrow.compute as pc
+
+    column = tokens.data.column("input_ids")
+    return int(pc.sum(pc.list_value_length(column)).as_py() or 0) if len(column) else 0
+
+
+def tokenize_for_blocks(
+    documents: Any, tokenizer: Any, seq_len: int, max_blocks: int | None, num_proc: int | None, cache_dir: str | None
+) -> tuple[Any, bool]:
+    """`tokenize_documents` of every document, or under a block cap of the first ranges of documents (256, 512,
+    1024, ... documents) until they hold `max_blocks` blocks: a capped run tokenizes about what it uses."""
+    from datasets import concatenate_datasets
+
+    if max_blocks is None:
+        return tokenize_documents(documents, tokenizer, num_proc, cache_dir)
+    parts, reused, start, size, total = [], True, 0, FIRST_RANGE, 0
+    while start < len(documents) and total < max_blocks * seq_len:
+        stop = min(start + size, len(documents))
+        part, hit = tokenize_documents(documents.subset(range(start, stop)), tokenizer, num_proc, cache_dir)
+        parts.append(part)
+        reused, total, start, size = reused and hit, total + token_count(part), stop, size * 2
+    return concatenate_datasets(parts), reused
+
+
+class _Blocks:
+    """The batched map function of `group_blocks`: rows `block` of a flat token array cut every `seq_len`."""
+
+    def __init__(self, flat: Any, seq_len: int) -> None:
+        self.flat, self.seq_len = flat, seq_len
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, np.ndarray]:
+        first, count = batch["block"][0], len(batch["block"])  # a batch holds consecutive blocks
+        ids = self.flat.slice(first * self.seq_len, count * self.seq_len).to_numpy().reshape(count, self.seq_len)
+        return {"input_ids": ids, "attention_mask": np.ones_like(ids, dtype=np.int8), "labels": ids.astype(np.int32)}
+
+
+def group_blocks(
+    tokens: Any, tokenizer: Any, seq_len: int, max_blocks: int | None = None, cache_dir: str | None = None
+) -> Any:
+    """The documents' token stream cut into full blocks of `seq_len` (at most `max_blocks`; the tail dropped), as
+    an Arrow dataset (`input_ids`, `attention_mask`, `labels` = `input_ids`); `ValueError` when not one block fits."""
+    import pyarrow as pa
+    from datasets import Dataset
+
+    num_blocks = token_count(tokens) // seq_len
+    if max_blocks is not None:
+        num_blocks = min(num_blocks, max_blocks)
+    if num_blocks < 1:
+        raise ValueError(f"the text corpus is shorter than one block of seq_len={seq_len} tokens.")
+    column = tokens.data.column("input_ids")
+    flat = pa.chunked_array([chunk.flatten() for chunk in column.chunks], type=column.type.value_type)
+    key = _digest([entry["filename"] for entry in tokens.cache_files], seq_len, num_blocks, "blocks")
+    folder = cache_folder(cache_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    return Dataset.from_dict({"block": np.arange(num_blocks)}).map(
+        _Blocks(flat, seq_len),
+        batched=True,
+        batch_size=ROW_BATCH,
+        remove_columns=["block"],
+        features=row_features(tokenizer),
+        cache_file_name=str(folder / f"blocks-{key}.arrow"),
+        new_fingerprint=key,
+        desc="Grouping blocks",
+    )
+
+
+def _real_tokens(
+    table: Any, boundary: tuple[int | None, int | None]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`(ids, labels, starts, per_row)` of the real tokens (attention mask 1) of an Arrow batch of rows, in order:
+    `starts` marks a document's first token (a row's first real token, a later start marker, or the token after
+    an end marker in the same row: `document_boundary`); `per_row` counts them."""
+    ids = np.concatenate([c.flatten().to_numpy() for c in table.column("input_ids").chunks])
+    labels = np.concatenate([c.flatten().to_numpy() for c in table.column("labels").chunks])
+    mask = np.concatenate([c.flatten().to_numpy() for c in table.column("attention_mask").chunks]).astype(bool)
+    import pyarrow.compute as pc
+
+    lengths = pc.list_value_length(table.column("input_ids")).to_numpy()
+    row = np.repeat(np.arange(len(lengths)), lengths)[mask]
+    ids, labels = ids[mask].astype(np.int64), labels[mask].astype(np.int64)
+    first = np.ones(len(row), dtype=bool)
+    first[1:] = row[1:] != row[:-1]
+    per_row = np.bincount(row, minlength=len(lengths))
+    start_id, end_id = boundary
+    if start_id is not None:
+        marks = ids == start_id
+    else:
+        marks = np.zeros(len(ids), dtype=bool)
+        marks[1:] = (ids[:-1] == end_id) & ~first[1:]
+    return ids, labels, first | marks, per_row
+
+
+class _Packed:
+    """The batched map function of `pack_rows`: packed rows `row` filled from the real tokens of the input rows."""
+
+    def __init__(
+        self,
+        train: Any,
+        seq_len: int,
+        boundary: tuple[int | None, int | None],
+        pad_id: int,
+        row_tokens: np.ndarray,
+        real: np.ndarray,
+    ):
+        self.train, self.seq_len, self.boundary, self.pad_id = train, seq_len, boundary, pad_id
+        self.row_tokens, self.real = row_tokens, real  # token offsets of the packed rows, of the input rows
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, np.ndarray]:
+        first, count = batch["row"][0], len(batch["row"])
+        begin, end = int(self.row_tokens[first]), int(self.row_tokens[first + count])
+        a = int(np.searchsorted(self.real, begin, side="right")) - 1  # input rows holding tokens [begin, end)
+        b = int(np.searchsorted(self.real, end, side="left"))
+        ids, labels, starts, _ = _real_tokens(self.train.data.slice(a, b - a), self.boundary)
+        cut = slice(begin - int(self.real[a]), end - int(self.real[a]))
+        ids, labels, starts = ids[cut], labels[cut], starts[cut]
+        index = np.arange(len(ids))
+        positions = index - np.maximum.accumulate(np.where(starts, index, 0))  # restart at every document
+        labels[starts] = IGNORE_INDEX  # nothing predicts across a boundary
+        lengths = np.diff(self.row_tokens[first : first + count + 1])
+        column = np.arange(self.seq_len)
+        used = column[None, :] < lengths[:, None]  # row-major: the tokens fill each row's head in order
+        out_ids = np.full((count, self.seq_len), self.pad_id, dtype=np.int64)
+        out_labels = np.full((count, self.seq_len), IGNORE_INDEX, dtype=np.int64)
+        out_positions = column[None, :] - lengths[:, None]  # the tail: one more document of padding
+        out_ids[used], out_labels[used], out_positions[used] = ids, labels, positions
+        return {
+            "input_ids": out_ids,
+            "attention_mask": np.ones((count, self.seq_len), dtype=np.int8),
+            "labels": out_labels,
+            "position_ids": out_positions,
+        }
+
+
+def next_fit(lengths: np.ndarray, seq_len: int) -> np.ndarray:
+    """Index of the first document of each packed row: documents in order, a new row whenever the next one does
+    not fit (one pass over document lengths, never over tokens)."""
+    starts, used = [0] if len(lengths) else [], 0
+    for index, length in enumerate(lengths.tolist()):
+        if used + length > seq_len:
+            starts.append(index)
+            used = 0
+        used += length
+    return np.asarray(starts, dtype=np.int64)
+
+
+def pack_rows(train: Any, seq_len: int, tokenizer: Any, cache_dir: str | None = None, key: str | None = None) -> Any:
+    """Training rows repacked (`data.packing`): each row's documents (real tokens split where a document begins:
+    `document_boundary`) placed whole,
+    in order, into rows of `seq_len` tokens with `position_ids` restarting at each. A document's first label is
+    ignored (nothing predicts across a boundary); a row's unused tail is one more document of padding with ignored
+    labels, so rows need no padding mask. `key` (a fingerprint of `train`) caches the packed rows on disk."""
+    from datasets import Dataset
+
+    from .tokenizer import pad_id as padding_id
+
+    boundary, pad_id = document_boundary(tokenizer), padding_id(tokenizer)
+    documents, per_row = [], []
+    for start in range(0, len(train), ROW_BATCH * 8):  # pass 1: document lengths, batch by batch
+        _, _, starts, counts = _real_tokens(train.data.slice(start, ROW_BATCH * 8), boundary)
+        documents.append(np.diff(np.append(np.flatnonzero(starts), len(starts))))
+        per_row.append(counts)
+    lengths = np.concatenate(documents) if documents else np.zeros(0, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    real = np.concatenate([[0], np.cumsum(np.concatenate(per_row) if per_row else [])]).astype(np.int64)
+    row_tokens = np.append(offsets[next_fit(lengths, seq_len)], offsets[-1]).astype(np.int64)
+    extra: dict[str, Any] = {}
+    if key is not None:
+        folder = cache_folder(cache_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        key = _digest(key, seq_len, boundary, pad_id, "packed")
+        extra = {"cache_file_name": str(folder / f"packed-{key}.arrow"), "new_fingerprint": key}
+    return Dataset.from_dict({"row": np.arange(len(row_tokens) - 1)}).map(
+        _Packed(train, seq_len, boundary, pad_id, row_tokens, real),
+        batched=True,
+        batch_size=ROW_BATCH,
+        remove_columns=["row"],
+        features=row_features(tokenizer, position_ids=True),
+        desc="Packing rows",
+        **extra,
+    )
+
+
+# ---- streaming ---------------------------------------------------------------------------------------------
+
+
+def is_heldout(text: str, fraction: float, seed: int) -> bool:
+    """The streaming split: a document is held out when the first 8 bytes of blake2b(f"{seed}\\0{text}"), read
+    big-endian, are below `fraction * 2**64` (deterministic, without counting documents; equal texts side alike)."""
+    digest = hashlib.blake2b(f"{seed}\0{text}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < fraction * 2**64
+
+
+class _KeepSplit:
+    """Filter of the document stream: the training side (`heldout=False`) or the held-out side of `is_heldout`."""
+
+    def __init__(self, fraction: float, seed: int, heldout: bool) -> None:
+        self.fraction, self.seed, self.heldout = fraction, seed, heldout
+
+    def __call__(self, text: str) -> bool:
+        return is_heldout(text, self.fraction, self.seed) == self.heldout
+
+
+def _has_text(text: Any) -> bool:
+    return isinstance(text, str) and bool(text.strip())
+
+
+def stream_documents(source: Any, column: str, max_documents: int | None = None) -> Any:
+    """The non-blank documents of an `IterableDataset` (only `column`), at most `max_documents`."""
+    stream = source.select_columns([column]).filter(_has_text, input_columns=[column])
+    return stream.take(max_documents) if max_documents else stream
+
+
+class TextStream(torch.utils.data.IterableDataset):
+    """The training blocks of a streamed corpus for one process, endless (epoch after epoch): blocks of `seq_len`
+    cut from one continuous token stream of this process's documents (BOS, ids, EOS each), drawn through a shuffle
+    buffer of `buffer_size` blocks (numpy PCG64 seeded with `seed`)."""
+
+    def __init__(
+        self, documents: Any, tokenizer: Any, column: str, seq_len: int, buffer_size: int, seed: int, rank: int = 0
+    ) -> None:
+        super().__init__()
+        self.documents, self.tokenize = documents, _Tokenize(tokenizer, column)
+        self.seq_len, self.buffer_size, self.rank = seq_len, buffer_size, rank
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+        self.epoch, self.pending = 0, np.zeros(0, dtype=np.int64)
+        self.buffer: list[np.ndarray] = []
+        self.epoch_blocks = 0  # blocks cut in the current epoch (an epoch without one cannot go on)
+
+    def _blocks(self) -> Iterator[np.ndarray]:
+        """Blocks in stream order, across epochs; `self` holds the position after each yielded one."""
+        while True:
+            self.documents.set_epoch(self.epoch)
+            for example in self.documents:  # tokenized here, one at a time: the source's position stays exact
+                ids = self.tokenize({self.tokenize.column: [example[self.tokenize.column]]})["input_ids"][0]
+                self.pending = np.concatenate([self.pending, np.asarray(ids, dtype=np.int64)])
+                while len(self.pending) >= self.seq_len:  # `pending` keeps every token not yet yielded (a view)
+                    block, self.pending = self.pending[: self.seq_len], self.pending[self.seq_len :]
+                    self.epoch_blocks += 1
+                    yield block
+            if not self.epoch_blocks:
+                raise ValueError(f"the streamed corpus is shorter than one block of seq_len={self.seq_len} tokens.")
+            self.epoch, self.epoch_blocks = self.epoch + 1, 0
+
+    def __iter__(self) -> Iterator[dict[str, list[int]]]:
+        for block in self._blocks():
+            if len(self.buffer) < self.buffer_size:
+                self.buffer.append(block)
+                continue
+            index = int(self.rng.integers(len(self.buffer)))
+            drawn, self.buffer[index] = self.buffer[index], block
+            ids = drawn.tolist()
+            yield {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": ids}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last block drawn: source, pending tokens, buffer, generator, epoch."""
+        return {
+            "epoch": self.epoch,
+            "epoch_blocks": self.epoch_blocks,
+            "source": self.documents.state_dict(),
+            "pending": self.pending.tolist(),
+            "buffer": [block.tolist() for block in self.buffer],
+            "rng": self.rng.bit_generator.state,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.epoch_blocks = state["epoch"], state["epoch_blocks"]
+        self.documents.set_epoch(self.epoch)
+        self.documents.load_state_dict(state["source"])
+        self.pending = np.asarray(state["pending"], dtype=np.int64)
+        self.buffer = [np.asarray(block, dtype=np.int64) for block in state["buffer"]]
+        self.rng.bit_generator.state = state["rng"]
+
+    def save(self, checkpoint: str | os.PathLike) -> None:
+        """Write this process's position into a checkpoint folder (before its manifest is written)."""
+        from .run_folder import atomic_write_json
+
+        atomic_write_json(Path(checkpoint, STREAM_STATE.format(rank=self.rank)), self.state_dict())
+
+    def restore(self, checkpoint: str | os.PathLike) -> None:
+        """Continue from the position a checkpoint saved for this process; `ValueError` when it holds none."""
+        path = Path(checkpoint, STREAM_STATE.format(rank=self.rank))
+        if not path.is_file():
+            raise ValueError(
+                f"{checkpoint} holds no {path.name}: it was not saved by a streaming run with this number of "
+                "processes; resume it as it was launched, or train into a new --output_dir."
+            )
+        self.load_state_dict(json.loads(path.read_text()))
+
+
+def split_side(
+    source: Any, column: str, heldout_fraction: float, split_seed: int, heldout: bool, max_documents: int | None = None
+) -> Any:
+    """The non-blank documents of a stream (the first `max_documents`) on one side of `is_heldout`."""
+    documents = stream_documents(source, column, max_documents)
+    return documents.filter(_KeepSplit(heldout_fraction, split_seed, heldout), input_columns=[column])
+
+
+def stream_blocks(
+    train: Any, tokenizer: Any, column: str, seq_len: int, buffer_size: int, seed: int, rank: int, world_size: int
+) -> TextStream:
+    """The `TextStream` of process `rank` of `world_size` over its shard (`split_dataset_by_node`) of the training
+    documents `train` (`split_side(..., heldout=False)`)."""
+    from datasets.distributed import split_dataset_by_node
+
+    # one data file (or a count of files that is no multiple of world_size): the process keeps every
+    # world_size-th training document; else whole files are assigned to it (datasets' "auto" strategy)
+    mine = split_dataset_by_node(train, rank, world_size)
+    return TextStream(mine, tokenizer, column, seq_len, buffer_size, seed, rank)
+
+
+def heldout_stream_blocks(held: Any, tokenizer: Any, column: str, seq_len: int, max_blocks: int) -> Any:
+    """The first `max_blocks` blocks of the held-out documents `held` (`split_side(..., heldout=True)`; every
+    process reads the same ones), as an in-memory `Dataset`; `ValueError` when not one block fits."""
+    from datasets import Dataset
+
+    tokens = held.map(_Tokenize(tokenizer, column), batched=True, batch_size=TOKENIZE_BATCH, remove_columns=[column])
+    pending = np.zeros(0, dtype=np.int64)
+    blocks: list[np.ndarray] = []
+    for example in tokens:
+        pending = np.concatenate([pending, np.asarray(example["input_ids"], dtype=np.int64)])
+        full = min(len(pending) // seq_len, max_blocks - len(blocks))
+        blocks.extend(pending[: full * seq_len].reshape(full, seq_len))
+        pending = pending[full * seq_len :]
+        if len(blocks) >= max_blocks:
+            break
+    if not blocks:
+        raise ValueError(f"the held-out text is shorter than one block of seq_len={seq_len} tokens.")
+    ids = np.stack(blocks)
+    return Dataset.from_dict(
+        {"input_ids": ids, "attention_mask": np.ones_like(ids, dtype=np.int8), "labels": ids.astype(np.int32)},
+        features=row_features(tokenizer),
+    )
