@@ -189,3 +189,18 @@ def test_zpx_tp_plan_names_real_linears_and_shards_by_heads(key_heads):
             mlp_sum += shard.model.layers[0].mlp(hidden)
     torch.testing.assert_close(attention_sum, full_attention, atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(mlp_sum, full_mlp, atol=1e-12, rtol=1e-12)
+
+
+def test_zpx_learnable_lambdas_under_a_head_shard_refuse_by_name():
+    """The TP plan shards heads but not the per-head lambdas: a rank's attention with half the heads and all the
+    lambdas stops naming `learnable_lambdas` and `tp_plan`, instead of broadcasting the wrong heads' lambdas."""
+    shard = zpx_model(num_attention_heads=2, num_key_value_heads=2, learnable_lambdas=True)
+    attention = shard.model.layers[0].self_attn
+    full_heads = 4  # the lambdas of the unsharded model, as a rank would hold them
+    attention.lambda_angle_heads = torch.nn.Parameter(torch.zeros(full_heads, dtype=torch.float64))
+    attention.lambda_sphere_heads = torch.nn.Parameter(torch.zeros(full_heads, dtype=torch.float64))
+    ids = torch.randint(4, shard.config.vocab_size, (1, 6))
+    for kernel in ("eager", "sdpa"):
+        shard.set_attn_implementation(kernel)
+        with pytest.raises(ValueError, match="learnable_lambdas: 4 per-head lambdas for 2 query heads.*tp_plan"):
+            shard(ids)

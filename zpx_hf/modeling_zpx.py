@@ -298,6 +298,11 @@ class ZPXAttention(nn.Module):
         the others read the query's phase features only linearly (q^ = [q, (la/C) cos phi, (la/C) sin phi, (ls/C) s]),
         so the features are scaled per head ([la_h] * 2C + [ls_h] * 3C) and the kernel's lambdas are 1."""
         angle, sphere = self.lambda_angle_heads, self.lambda_sphere_heads
+        if angle.shape[0] != query_features.shape[1]:  # a rank holding some heads (tensor parallelism) has all lambdas
+            raise ValueError(
+                f"learnable_lambdas: {angle.shape[0]} per-head lambdas for {query_features.shape[1]} query heads; "
+                "the tensor-parallel plan does not shard the per-head lambdas, so load this model without tp_plan."
+            )
         if kernel == "naive":
             return query_features, angle[:, None, None], sphere[:, None, None]
         channels = query_features.shape[-1] // PHASE_FEATURES
