@@ -143,7 +143,7 @@ def tokenize_documents(
     folder.mkdir(parents=True, exist_ok=True)
     before = {str(p) for p in folder.glob(f"tokens-{key}*.arrow")}
     indices = np.asarray(documents.indices, dtype=np.int64)
-    mapped = file_batches(documents.dataset, documents.column) is not None  # else in memory: no page to drop
+    mapped = file_batches(documents.dataset, [documents.column]) is not None  # else in memory: no page to drop
     parts = []
     for number, start in enumerate(range(0, max(len(indices), 1), TOKENIZE_RANGE)):
         source = documents.dataset
@@ -196,8 +196,8 @@ def tokenize_for_blocks(
     return concatenate_datasets(parts), reused
 
 
-def file_batches(dataset: Any, column: str) -> Iterator[Any] | None:
-    """`column` of a file-backed dataset, one Arrow array per record batch of its files in order, each read into
+def file_batches(dataset: Any, columns: list[str]) -> Iterator[Any] | None:
+    """`columns` of a file-backed dataset, one Arrow record batch at a time from its files in order, each read into
     memory and freed after use (`pa.OSFile`, no memory map: a pass over a memory-mapped file keeps every page it
     touched in the process's resident set, so its peak RSS would grow with the corpus); `None` when the dataset
     is not exactly its files' rows (in memory, sliced, or through an indices mapping)."""
@@ -208,7 +208,7 @@ def file_batches(dataset: Any, column: str) -> Iterator[Any] | None:
     for name in files:
         with pa.memory_map(name) as source:  # the stream's message headers only: no column page is touched
             reader = pa.ipc.open_stream(source)
-            if column not in reader.schema.names:
+            if not set(columns) <= set(reader.schema.names):
                 return None
             rows += sum(batch.num_rows for batch in reader)
     if not files or rows != len(dataset) or rows != dataset.data.num_rows:
@@ -218,19 +218,20 @@ def file_batches(dataset: Any, column: str) -> Iterator[Any] | None:
         for name in files:
             with pa.OSFile(name) as source:
                 for batch in pa.ipc.open_stream(source):
-                    yield batch.column(column)
+                    yield batch.select(columns)
 
     return batches()
 
 
 def _block_batches(tokens: Any, seq_len: int, num_blocks: int) -> Iterator[np.ndarray]:
     """The first `num_blocks` blocks of the token stream, `ROW_BATCH` at a time, read batch by batch."""
-    batches = file_batches(tokens, "input_ids")
+    batches = file_batches(tokens, ["input_ids"])
     if batches is None:  # in memory: no mapped page to keep
-        batches = (chunk for chunk in tokens.data.column("input_ids").chunks)
+        batches = tokens.data.select(["input_ids"]).to_batches()
     pending, done = np.zeros(0, dtype=np.int64), 0
-    for chunk in batches:
-        pending = np.concatenate([pending, chunk.flatten().to_numpy()]) if len(pending) else chunk.flatten().to_numpy()
+    for batch in batches:
+        flat = batch.column(0).flatten().to_numpy()
+        pending = np.concatenate([pending, flat]) if len(pending) else flat
         full = min(len(pending) // seq_len, num_blocks - done)
         for first in range(0, full, ROW_BATCH):
             count = min(ROW_BATCH, full - first)
@@ -289,6 +290,32 @@ def group_blocks(
     return write_rows(path, row_features(tokenizer), rows)
 
 
+class _Rows:
+    """Rows `[a, b)` of a dataset asked for with `a` never decreasing: its files read forward once, a record batch
+    at a time (`file_batches`: no memory-mapped page stays resident), else slices of its in-memory table."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset, self.reader, self.held, self.start, self.end = dataset, None, [], 0, 0
+
+    def take(self, a: int, b: int) -> Any:
+        import pyarrow as pa
+
+        b = min(b, len(self.dataset))
+        if self.reader is None:  # opened at the first call: `map` hashes this object before it
+            self.reader = file_batches(self.dataset, ["input_ids", "labels", "attention_mask"]) or False
+        if self.reader is False:
+            return self.dataset.data.slice(a, b - a)
+        if a < self.start:
+            raise RuntimeError(f"rows {a}..{b} asked for after row {self.start}: `_Rows` reads forward only.")
+        while self.end < b:
+            batch = next(self.reader)
+            self.held.append(batch)
+            self.end += batch.num_rows
+        while self.held and self.start + self.held[0].num_rows <= a:  # batches wholly before `a` are freed
+            self.start += self.held.pop(0).num_rows
+        return pa.Table.from_batches(self.held).slice(a - self.start, b - a)
+
+
 def _real_tokens(
     table: Any, boundary: tuple[int | None, int | None]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -327,7 +354,7 @@ class _Packed:
         row_tokens: np.ndarray,
         real: np.ndarray,
     ):
-        self.train, self.seq_len, self.boundary, self.pad_id = train, seq_len, boundary, pad_id
+        self.rows, self.seq_len, self.boundary, self.pad_id = _Rows(train), seq_len, boundary, pad_id
         self.row_tokens, self.real = row_tokens, real  # token offsets of the packed rows, of the input rows
 
     def __call__(self, batch: dict[str, list]) -> dict[str, np.ndarray]:
@@ -335,7 +362,7 @@ class _Packed:
         begin, end = int(self.row_tokens[first]), int(self.row_tokens[first + count])
         a = int(np.searchsorted(self.real, begin, side="right")) - 1  # input rows holding tokens [begin, end)
         b = int(np.searchsorted(self.real, end, side="left"))
-        ids, labels, starts, _ = _real_tokens(self.train.data.slice(a, b - a), self.boundary)
+        ids, labels, starts, _ = _real_tokens(self.rows.take(a, b), self.boundary)
         cut = slice(begin - int(self.real[a]), end - int(self.real[a]))
         ids, labels, starts = ids[cut], labels[cut], starts[cut]
         index = np.arange(len(ids))
@@ -379,9 +406,9 @@ def pack_rows(train: Any, seq_len: int, tokenizer: Any, cache_dir: str | None = 
     from .tokenizer import pad_id as padding_id
 
     boundary, pad_id = document_boundary(tokenizer), padding_id(tokenizer)
-    documents, per_row = [], []
+    documents, per_row, rows = [], [], _Rows(train)
     for start in range(0, len(train), ROW_BATCH * 8):  # pass 1: document lengths, batch by batch
-        _, _, starts, counts = _real_tokens(train.data.slice(start, ROW_BATCH * 8), boundary)
+        _, _, starts, counts = _real_tokens(rows.take(start, start + ROW_BATCH * 8), boundary)
         documents.append(np.diff(np.append(np.flatnonzero(starts), len(starts))))
         per_row.append(counts)
     lengths = np.concatenate(documents) if documents else np.zeros(0, dtype=np.int64)

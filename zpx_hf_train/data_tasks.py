@@ -366,11 +366,11 @@ def text_documents(dataset: Any, column: str) -> DocumentView:
 
     rows = dataset.select_columns([column])
     indices, offset = array.array("q"), 0
-    batches = file_batches(dataset, column)
+    batches = file_batches(dataset, [column])
     if batches is None:  # in memory, sliced or through indices: datasets' own reads
         batches = (batch[column] for batch in rows.iter(batch_size=DocumentView.BATCH))
     for texts in batches:
-        texts = texts if isinstance(texts, list) else texts.to_pylist()
+        texts = texts if isinstance(texts, list) else texts.column(0).to_pylist()
         indices.extend(offset + i for i, text in enumerate(texts) if isinstance(text, str) and text.strip())
         offset += len(texts)
     return DocumentView(rows, column, indices)
