@@ -1,15 +1,19 @@
 """The text corpus as training rows through Arrow files: a corpus of any size in bounded memory.
 
 - `tokenize_documents` (the one function that calls the tokenizer): `[bos] + tokenizer(text)["input_ids"] + [eos]`
-  per document with a batched `datasets.map` (`data.num_proc` processes), written as an Arrow file named by a
+  per document with a batched `datasets.map` (`data.num_proc` processes), written as Arrow files named by a
   fingerprint of the source (its data files' names, sizes and modification times, or an in-memory corpus's text),
   the selected documents, the tokenizer (its `tokenizer.json`, else its pickled state) and `FORMAT_VERSION`. A
   second run with the same corpus and tokenizer reuses the file and prints so; a changed corpus, selection or
   tokenizer gets a new file. Files live in `data.cache_dir` (default `$HF_DATASETS_CACHE/zpx_hf_train`).
+  Ranges of `TOKENIZE_RANGE` documents are mapped in turn, each over a fresh memory map of the corpus.
 - `group_blocks`: the token stream of the documents, in order, cut into full blocks of `seq_len` (the tail is
-  dropped): `pack_documents`' blocks, each a slice of the memory-mapped token column, copied once per map batch.
+  dropped): `pack_documents`' blocks, from the token file read record batch by record batch (`file_batches`).
 - `pack_rows` (`data.packing`): rows' documents placed whole, in order, into rows of `seq_len` (next fit) with
-  `position_ids` restarting at each; document lengths are found and rows filled with numpy over map batches.
+  `position_ids` restarting at each; document lengths are found and rows filled with numpy, the rows read
+  forward through the files (`_Rows`).
+- Peak RSS: no pass reads a whole file through a memory map (its pages would stay resident, and count in
+  `ru_maxrss`, until the map is closed): one range, one record batch at a time.
 - `TextStream` (`data.streaming`): documents read lazily from the source, this process's shard
   (`split_dataset_by_node`), held-out documents dropped by hash, tokenized, cut into blocks of one continuous
   stream and drawn through a seeded shuffle buffer; `state_dict()` (source position, the pending tokens, the
