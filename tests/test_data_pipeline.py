@@ -158,7 +158,7 @@ def test_file_backed_corpus_tokenized_in_ranges_and_cut_without_memory_map(tmp_p
     assert group_blocks(tokens, tokenizer, 16, 5, str(tmp_path / "cache"))["input_ids"] == pack_documents(
         DOCUMENTS, 16, 5
     )
-    blocks = group_blocks(tokens, tokenizer, 24, cache_dir=str(tmp_path / "cache"))  # record batches of 3 rows
+    blocks = group_blocks(tokens, tokenizer, 24, cache_dir=str(tmp_path / "cache"))  # record batches of 24 rows
     expected, packed = reference_pack_rows(blocks, 24), pack_rows(blocks, 24, tokenizer)  # read forward, in batches
     for key in ("input_ids", "labels", "position_ids", "attention_mask"):
         assert packed[key] == expected[key], key

@@ -228,7 +228,8 @@ def file_batches(dataset: Any, columns: list[str]) -> Iterator[Any] | None:
 
 
 def _block_batches(tokens: Any, seq_len: int, num_blocks: int) -> Iterator[np.ndarray]:
-    """The first `num_blocks` blocks of the token stream, `ROW_BATCH` at a time, read batch by batch."""
+    """The first `num_blocks` blocks of the token stream, `ROW_BATCH * 8` at a time (the record batches of the
+    blocks file: each one's header is a page touched through the memory map that reads it), read batch by batch."""
     batches = file_batches(tokens, ["input_ids"])
     if batches is None:  # in memory: no mapped page to keep
         batches = tokens.data.select(["input_ids"]).to_batches()
@@ -237,8 +238,8 @@ def _block_batches(tokens: Any, seq_len: int, num_blocks: int) -> Iterator[np.nd
         flat = batch.column(0).flatten().to_numpy()
         pending = np.concatenate([pending, flat]) if len(pending) else flat
         full = min(len(pending) // seq_len, num_blocks - done)
-        for first in range(0, full, ROW_BATCH):
-            count = min(ROW_BATCH, full - first)
+        for first in range(0, full, ROW_BATCH * 8):
+            count = min(ROW_BATCH * 8, full - first)
             yield pending[first * seq_len : (first + count) * seq_len].reshape(count, seq_len)
         pending, done = pending[full * seq_len :].copy(), done + full
         if done == num_blocks:
