@@ -120,6 +120,67 @@ def test_group_blocks_across_map_batches_and_multiprocess_tokenizing(tmp_path, m
         group_blocks(tokens.select(range(1)), tokenizer, 4096)
 
 
+def mapped_rss_kb(path):
+    """Resident KB of this process's memory maps of `path` (/proc/self/smaps)."""
+    total, current = 0, None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line: address range ... [path]
+            current = fields[5] if len(fields) > 5 else None
+        elif fields[0] == "Rss:" and current == str(path):
+            total += int(fields[1])
+    return total
+
+
+def file_corpus(tmp_path, texts):
+    """A file-backed corpus (an Arrow file in tmp_path, with a second column) and its `text_documents` view."""
+    from datasets import Dataset
+
+    from zpx_hf_train.data_tasks import text_documents
+
+    rows = {"text": texts, "other": list(range(len(texts)))}
+    corpus = Dataset.from_dict(rows).map(lambda b: b, batched=True, cache_file_name=str(tmp_path / "corpus.arrow"))
+    return text_documents(corpus, "text")
+
+
+def test_file_backed_corpus_tokenized_in_ranges_and_cut_without_memory_map(tmp_path, monkeypatch):
+    monkeypatch.setattr(data_pipeline, "TOKENIZE_RANGE", 7)  # 40 documents: 6 ranges, each over a fresh map
+    monkeypatch.setattr(data_pipeline, "ROW_BATCH", 3)
+    tokenizer = build_byte_tokenizer()
+    view = file_corpus(tmp_path, [DOCUMENTS[0], "  ", *DOCUMENTS[1:], None])  # blank / missing rows are no document
+    assert list(view) == DOCUMENTS
+    tokens, reused = tokenize_documents(view, tokenizer, num_proc=2, cache_dir=str(tmp_path / "cache"))
+    assert not reused and tokens["input_ids"] == [[BOS_ID, *text_to_ids(t), 2] for t in DOCUMENTS]
+    assert tokenize_documents(view, tokenizer, num_proc=2, cache_dir=str(tmp_path / "cache"))[1]  # reused
+    assert group_blocks(tokens, tokenizer, 16, cache_dir=str(tmp_path / "cache"))["input_ids"] == pack_documents(
+        DOCUMENTS, 16
+    )
+    assert group_blocks(tokens, tokenizer, 16, 5, str(tmp_path / "cache"))["input_ids"] == pack_documents(
+        DOCUMENTS, 16, 5
+    )
+    blocks = group_blocks(tokens, tokenizer, 24, cache_dir=str(tmp_path / "cache"))  # record batches of 24 rows
+    expected, packed = reference_pack_rows(blocks, 24), pack_rows(blocks, 24, tokenizer)  # read forward, in batches
+    for key in ("input_ids", "labels", "position_ids", "attention_mask"):
+        assert packed[key] == expected[key], key
+    sliced = tokens.select(range(3, 9))  # a view of the files' rows: read through datasets, not the files
+    assert data_pipeline.file_batches(sliced, ["input_ids"]) is None
+    assert data_pipeline.file_batches(tokens, ["absent"]) is None
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="resident pages per mapping: Linux /proc")
+def test_group_blocks_leaves_the_token_file_pages_unmapped(tmp_path):
+    tokenizer = build_byte_tokenizer()
+    texts = [text * 200 for text in DOCUMENTS * 5]  # ~12 MB of uint16 tokens: fault-around (64 KB) is small in it
+    view = file_corpus(tmp_path, texts)
+    tokens, _ = tokenize_documents(view, tokenizer, cache_dir=str(tmp_path / "cache"))
+    files = [Path(entry["filename"]) for entry in tokens.cache_files]
+    size_kb = sum(f.stat().st_size for f in files) // 1024
+    blocks = group_blocks(tokens, tokenizer, 64, cache_dir=str(tmp_path / "cache"))
+    assert blocks[len(blocks) - 1]["input_ids"] == pack_documents(texts, 64)[-1]
+    # read batch by batch into freed buffers: only the stream's headers and list offsets were touched in the map
+    assert sum(mapped_rss_kb(f) for f in files) < size_kb / 4, size_kb
+
+
 def reference_pack_rows(train, seq_len):
     """The list-based packing of zpx-hf before the Arrow pipeline (the semantics `pack_rows` keeps)."""
     rows = {"input_ids": [], "labels": [], "position_ids": [], "attention_mask": []}

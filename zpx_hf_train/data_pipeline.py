@@ -1,15 +1,19 @@
 """The text corpus as training rows through Arrow files: a corpus of any size in bounded memory.
 
 - `tokenize_documents` (the one function that calls the tokenizer): `[bos] + tokenizer(text)["input_ids"] + [eos]`
-  per document with a batched `datasets.map` (`data.num_proc` processes), written as an Arrow file named by a
+  per document with a batched `datasets.map` (`data.num_proc` processes), written as Arrow files named by a
   fingerprint of the source (its data files' names, sizes and modification times, or an in-memory corpus's text),
   the selected documents, the tokenizer (its `tokenizer.json`, else its pickled state) and `FORMAT_VERSION`. A
   second run with the same corpus and tokenizer reuses the file and prints so; a changed corpus, selection or
   tokenizer gets a new file. Files live in `data.cache_dir` (default `$HF_DATASETS_CACHE/zpx_hf_train`).
+  Ranges of `TOKENIZE_RANGE` documents are mapped in turn, each over a fresh memory map of the corpus.
 - `group_blocks`: the token stream of the documents, in order, cut into full blocks of `seq_len` (the tail is
-  dropped): `pack_documents`' blocks, each a slice of the memory-mapped token column, copied once per map batch.
+  dropped): `pack_documents`' blocks, from the token file read record batch by record batch (`file_batches`).
 - `pack_rows` (`data.packing`): rows' documents placed whole, in order, into rows of `seq_len` (next fit) with
-  `position_ids` restarting at each; document lengths are found and rows filled with numpy over map batches.
+  `position_ids` restarting at each; document lengths are found and rows filled with numpy, the rows read
+  forward through the files (`_Rows`).
+- Peak RSS: no pass reads a whole file through a memory map (its pages would stay resident, and count in
+  `ru_maxrss`, until the map is closed): one range, one record batch at a time.
 - `TextStream` (`data.streaming`): documents read lazily from the source, this process's shard
   (`split_dataset_by_node`), held-out documents dropped by hash, tokenized, cut into blocks of one continuous
   stream and drawn through a seeded shuffle buffer; `state_dict()` (source position, the pending tokens, the
@@ -29,8 +33,9 @@ import numpy as np
 import torch
 
 IGNORE_INDEX = -100
-FORMAT_VERSION = "1"  # part of every cache fingerprint: bump when the layout of the cached files changes
+FORMAT_VERSION = "2"  # part of every cache fingerprint: bump when the layout of the cached files changes
 TOKENIZE_BATCH = 256  # documents per `map` batch: one batch's Python lists stay a few MB
+TOKENIZE_RANGE = 8192  # documents per fresh memory map of the corpus (`tokenize_documents`): ~100 MB of text
 ROW_BATCH = 512  # blocks or packed rows per `map` batch
 FIRST_RANGE = 256  # documents tokenized first under a block cap; each further range is twice the last
 STREAM_STATE = "data_stream_state-rank{rank}.json"  # a streaming run's position, per process, in each checkpoint
@@ -131,27 +136,40 @@ class _Tokenize:
 def tokenize_documents(
     documents: Any, tokenizer: Any, num_proc: int | None = None, cache_dir: str | None = None
 ) -> tuple[Any, bool]:
-    """`(dataset, reused)`: the documents of a `DocumentView` tokenized into an Arrow file (`input_ids`: BOS, the
-    tokenizer's ids, EOS), and whether the file came from the cache of an earlier run."""
-    from datasets import Features, List, Value
+    """`(dataset, reused)`: the documents of a `DocumentView` tokenized into Arrow files (`input_ids`: BOS, the
+    tokenizer's ids, EOS), and whether the files came from the cache of an earlier run. Ranges of `TOKENIZE_RANGE`
+    documents are mapped in turn, each over a fresh memory map of the corpus's files, dropped after it: the pages
+    of the corpus a range read leave the resident set with it, so the peak RSS does not grow with the corpus."""
+    from datasets import Dataset, Features, List, Value, concatenate_datasets
 
     key = _digest(source_fingerprint(documents), tokenizer_fingerprint(tokenizer))
     folder = cache_folder(cache_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"tokens-{key}.arrow"
     before = {str(p) for p in folder.glob(f"tokens-{key}*.arrow")}
-    selected = documents.dataset.select(np.asarray(documents.indices, dtype=np.int64))
-    tokens = selected.map(
-        _Tokenize(tokenizer, documents.column),
-        batched=True,
-        batch_size=TOKENIZE_BATCH,
-        remove_columns=selected.column_names,
-        features=Features({"input_ids": List(Value(token_dtype(tokenizer)))}),
-        num_proc=num_proc if num_proc and num_proc > 1 and len(selected) > 1 else None,
-        cache_file_name=str(path),
-        new_fingerprint=key,
-        desc="Tokenizing documents",
-    )
+    indices = np.asarray(documents.indices, dtype=np.int64)
+    mapped = file_batches(documents.dataset, [documents.column]) is not None  # else in memory: no page to drop
+    parts = []
+    for number, start in enumerate(range(0, max(len(indices), 1), TOKENIZE_RANGE)):
+        source = documents.dataset
+        if mapped:
+            files = [Dataset.from_file(entry["filename"]) for entry in documents.dataset.cache_files]
+            source = concatenate_datasets(files).select_columns([documents.column])
+        selected = source.select(indices[start : start + TOKENIZE_RANGE])
+        parts.append(
+            selected.map(
+                _Tokenize(tokenizer, documents.column),
+                batched=True,
+                batch_size=TOKENIZE_BATCH,
+                remove_columns=selected.column_names,
+                features=Features({"input_ids": List(Value(token_dtype(tokenizer)))}),
+                num_proc=num_proc if num_proc and num_proc > 1 and len(selected) > 1 else None,
+                cache_file_name=str(folder / f"tokens-{key}-{number:05d}.arrow"),
+                new_fingerprint=f"{key}-{number:05d}",
+                desc="Tokenizing documents",
+            )
+        )
+        del source, selected  # the range's memory map is closed with its last reference
+    tokens = concatenate_datasets(parts) if len(parts) > 1 else parts[0]
     reused = bool(before) and all(entry["filename"] in before for entry in tokens.cache_files)
     return tokens, reused
 
@@ -182,46 +200,125 @@ def tokenize_for_blocks(
     return concatenate_datasets(parts), reused
 
 
-class _Blocks:
-    """The batched map function of `group_blocks`: rows `block` of a flat token array cut every `seq_len`."""
+def file_batches(dataset: Any, columns: list[str]) -> Iterator[Any] | None:
+    """`columns` of a file-backed dataset, one Arrow record batch at a time from its files in order, each read into
+    memory and freed after use (`pa.OSFile`, no memory map: a pass over a memory-mapped file keeps every page it
+    touched in the process's resident set, so its peak RSS would grow with the corpus); `None` when the dataset
+    is not exactly its files' rows (in memory, sliced, or through an indices mapping)."""
+    import pyarrow as pa
 
-    def __init__(self, flat: Any, seq_len: int) -> None:
-        self.flat, self.seq_len = flat, seq_len
+    files = [entry["filename"] for entry in dataset.cache_files]
+    rows = 0
+    for name in files:
+        with pa.memory_map(name) as source:  # the stream's message headers only: no column page is touched
+            reader = pa.ipc.open_stream(source)
+            if not set(columns) <= set(reader.schema.names):
+                return None
+            rows += sum(batch.num_rows for batch in reader)
+    if not files or rows != len(dataset) or rows != dataset.data.num_rows:
+        return None
 
-    def __call__(self, batch: dict[str, list]) -> dict[str, np.ndarray]:
-        first, count = batch["block"][0], len(batch["block"])  # a batch holds consecutive blocks
-        ids = self.flat.slice(first * self.seq_len, count * self.seq_len).to_numpy().reshape(count, self.seq_len)
-        return {"input_ids": ids, "attention_mask": np.ones_like(ids, dtype=np.int8), "labels": ids.astype(np.int32)}
+    def batches() -> Iterator[Any]:
+        for name in files:
+            with pa.OSFile(name) as source:
+                for batch in pa.ipc.open_stream(source):
+                    yield batch.select(columns)
+
+    return batches()
+
+
+def _block_batches(tokens: Any, seq_len: int, num_blocks: int) -> Iterator[np.ndarray]:
+    """The first `num_blocks` blocks of the token stream, `ROW_BATCH * 8` at a time (the record batches of the
+    blocks file: each one's header is a page touched through the memory map that reads it), read batch by batch."""
+    batches = file_batches(tokens, ["input_ids"])
+    if batches is None:  # in memory: no mapped page to keep
+        batches = tokens.data.select(["input_ids"]).to_batches()
+    pending, done = np.zeros(0, dtype=np.int64), 0
+    for batch in batches:
+        flat = batch.column(0).flatten().to_numpy()
+        pending = np.concatenate([pending, flat]) if len(pending) else flat
+        full = min(len(pending) // seq_len, num_blocks - done)
+        for first in range(0, full, ROW_BATCH * 8):
+            count = min(ROW_BATCH * 8, full - first)
+            yield pending[first * seq_len : (first + count) * seq_len].reshape(count, seq_len)
+        pending, done = pending[full * seq_len :].copy(), done + full
+        if done == num_blocks:
+            return
+
+
+def write_rows(path: Path, features: Any, batches: Iterator[dict[str, np.ndarray]]) -> Any:
+    """An Arrow file of 2-D arrays' rows (`features`: list columns), written beside `path` and renamed into it
+    (a killed run leaves no partial file under the cache name); the dataset memory-mapped from it."""
+    import pyarrow as pa
+    from datasets import Dataset
+    from datasets.arrow_writer import ArrowWriter
+
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    schema = features.arrow_schema
+    with ArrowWriter(features=features, path=str(partial)) as writer:
+        for batch in batches:
+            columns = []
+            for name in schema.names:
+                values = batch[name]
+                offsets = np.arange(0, values.size + 1, values.shape[1], dtype=np.int32)
+                flat = pa.array(values.reshape(-1), type=schema.field(name).type.value_type)
+                columns.append(pa.ListArray.from_arrays(pa.array(offsets), flat))
+            writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+        writer.finalize()
+    os.replace(partial, path)
+    return Dataset.from_file(str(path))
 
 
 def group_blocks(
     tokens: Any, tokenizer: Any, seq_len: int, max_blocks: int | None = None, cache_dir: str | None = None
 ) -> Any:
     """The documents' token stream cut into full blocks of `seq_len` (at most `max_blocks`; the tail dropped), as
-    an Arrow dataset (`input_ids`, `attention_mask`, `labels` = `input_ids`); `ValueError` when not one block fits."""
-    import pyarrow as pa
-    from datasets import Dataset
-
+    an Arrow dataset (`input_ids`, `attention_mask`, `labels` = `input_ids`); `ValueError` when not one block fits.
+    The token file is read batch by batch (`file_batches`), the blocks written as they are cut."""
     num_blocks = token_count(tokens) // seq_len
     if max_blocks is not None:
         num_blocks = min(num_blocks, max_blocks)
     if num_blocks < 1:
         raise ValueError(f"the text corpus is shorter than one block of seq_len={seq_len} tokens.")
-    column = tokens.data.column("input_ids")
-    flat = pa.chunked_array([chunk.flatten() for chunk in column.chunks], type=column.type.value_type)
     key = _digest([entry["filename"] for entry in tokens.cache_files], seq_len, num_blocks, "blocks")
     folder = cache_folder(cache_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    return Dataset.from_dict({"block": np.arange(num_blocks)}).map(
-        _Blocks(flat, seq_len),
-        batched=True,
-        batch_size=ROW_BATCH,
-        remove_columns=["block"],
-        features=row_features(tokenizer),
-        cache_file_name=str(folder / f"blocks-{key}.arrow"),
-        new_fingerprint=key,
-        desc="Grouping blocks",
+    path = folder / f"blocks-{key}.arrow"
+    if path.is_file():
+        from datasets import Dataset
+
+        return Dataset.from_file(str(path))
+    rows = (
+        {"input_ids": ids, "attention_mask": np.ones_like(ids, dtype=np.int8), "labels": ids.astype(np.int32)}
+        for ids in _block_batches(tokens, seq_len, num_blocks)
     )
+    return write_rows(path, row_features(tokenizer), rows)
+
+
+class _Rows:
+    """Rows `[a, b)` of a dataset asked for with `a` never decreasing: its files read forward once, a record batch
+    at a time (`file_batches`: no memory-mapped page stays resident), else slices of its in-memory table."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset, self.reader, self.held, self.start, self.end = dataset, None, [], 0, 0
+
+    def take(self, a: int, b: int) -> Any:
+        import pyarrow as pa
+
+        b = min(b, len(self.dataset))
+        if self.reader is None:  # opened at the first call: `map` hashes this object before it
+            self.reader = file_batches(self.dataset, ["input_ids", "labels", "attention_mask"]) or False
+        if self.reader is False:
+            return self.dataset.data.slice(a, b - a)
+        if a < self.start:
+            raise RuntimeError(f"rows {a}..{b} asked for after row {self.start}: `_Rows` reads forward only.")
+        while self.end < b:
+            batch = next(self.reader)
+            self.held.append(batch)
+            self.end += batch.num_rows
+        while self.held and self.start + self.held[0].num_rows <= a:  # batches wholly before `a` are freed
+            self.start += self.held.pop(0).num_rows
+        return pa.Table.from_batches(self.held).slice(a - self.start, b - a)
 
 
 def _real_tokens(
@@ -262,7 +359,7 @@ class _Packed:
         row_tokens: np.ndarray,
         real: np.ndarray,
     ):
-        self.train, self.seq_len, self.boundary, self.pad_id = train, seq_len, boundary, pad_id
+        self.rows, self.seq_len, self.boundary, self.pad_id = _Rows(train), seq_len, boundary, pad_id
         self.row_tokens, self.real = row_tokens, real  # token offsets of the packed rows, of the input rows
 
     def __call__(self, batch: dict[str, list]) -> dict[str, np.ndarray]:
@@ -270,7 +367,7 @@ class _Packed:
         begin, end = int(self.row_tokens[first]), int(self.row_tokens[first + count])
         a = int(np.searchsorted(self.real, begin, side="right")) - 1  # input rows holding tokens [begin, end)
         b = int(np.searchsorted(self.real, end, side="left"))
-        ids, labels, starts, _ = _real_tokens(self.train.data.slice(a, b - a), self.boundary)
+        ids, labels, starts, _ = _real_tokens(self.rows.take(a, b), self.boundary)
         cut = slice(begin - int(self.real[a]), end - int(self.real[a]))
         ids, labels, starts = ids[cut], labels[cut], starts[cut]
         index = np.arange(len(ids))
@@ -314,9 +411,9 @@ def pack_rows(train: Any, seq_len: int, tokenizer: Any, cache_dir: str | None = 
     from .tokenizer import pad_id as padding_id
 
     boundary, pad_id = document_boundary(tokenizer), padding_id(tokenizer)
-    documents, per_row = [], []
+    documents, per_row, rows = [], [], _Rows(train)
     for start in range(0, len(train), ROW_BATCH * 8):  # pass 1: document lengths, batch by batch
-        _, _, starts, counts = _real_tokens(train.data.slice(start, ROW_BATCH * 8), boundary)
+        _, _, starts, counts = _real_tokens(rows.take(start, start + ROW_BATCH * 8), boundary)
         documents.append(np.diff(np.append(np.flatnonzero(starts), len(starts))))
         per_row.append(counts)
     lengths = np.concatenate(documents) if documents else np.zeros(0, dtype=np.int64)

@@ -360,11 +360,17 @@ class DocumentView(Sequence[str]):
 
 
 def text_documents(dataset: Any, column: str) -> DocumentView:
-    """The rows of `column` that hold text (a string, not blank), found in one streamed pass over the column."""
+    """The rows of `column` that hold text (a string, not blank), found in one streamed pass over the column (read
+    from the dataset's files without a memory map, `data_pipeline.file_batches`: no page stays resident)."""
+    from .data_pipeline import file_batches
+
     rows = dataset.select_columns([column])
     indices, offset = array.array("q"), 0
-    for batch in rows.iter(batch_size=DocumentView.BATCH):
-        texts = batch[column]
+    batches = file_batches(dataset, [column])
+    if batches is None:  # in memory, sliced or through indices: datasets' own reads
+        batches = (batch[column] for batch in rows.iter(batch_size=DocumentView.BATCH))
+    for texts in batches:
+        texts = texts if isinstance(texts, list) else texts.column(0).to_pylist()
         indices.extend(offset + i for i, text in enumerate(texts) if isinstance(text, str) and text.strip())
         offset += len(texts)
     return DocumentView(rows, column, indices)
