@@ -300,7 +300,9 @@ class _Rows:
     at a time (`file_batches`: no memory-mapped page stays resident), else slices of its in-memory table."""
 
     def __init__(self, dataset: Any) -> None:
-        self.dataset, self.reader, self.held, self.start, self.end = dataset, None, [], 0, 0
+        self.dataset, self.start, self.end = dataset, 0, 0
+        self.reader: Iterator[Any] | bool | None = None  # False: no file reader, read the in-memory table
+        self.held: list[Any] = []
 
     def take(self, a: int, b: int) -> Any:
         import pyarrow as pa
@@ -312,6 +314,7 @@ class _Rows:
             return self.dataset.data.slice(a, b - a)
         if a < self.start:
             raise RuntimeError(f"rows {a}..{b} asked for after row {self.start}: `_Rows` reads forward only.")
+        assert not isinstance(self.reader, bool)  # opened above: an iterator of record batches
         while self.end < b:
             batch = next(self.reader)
             self.held.append(batch)

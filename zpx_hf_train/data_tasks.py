@@ -369,8 +369,8 @@ def text_documents(dataset: Any, column: str) -> DocumentView:
     batches = file_batches(dataset, [column])
     if batches is None:  # in memory, sliced or through indices: datasets' own reads
         batches = (batch[column] for batch in rows.iter(batch_size=DocumentView.BATCH))
-    for texts in batches:
-        texts = texts if isinstance(texts, list) else texts.column(0).to_pylist()
+    for batch in batches:
+        texts = batch if isinstance(batch, list) else batch.column(0).to_pylist()
         indices.extend(offset + i for i, text in enumerate(texts) if isinstance(text, str) and text.strip())
         offset += len(texts)
     return DocumentView(rows, column, indices)
