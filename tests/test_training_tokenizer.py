@@ -312,14 +312,14 @@ def test_folder_tokenizer_conflicting_special_ids_and_cli_error(tmp_path, capsys
 def test_hub_id_from_the_local_cache_offline(tmp_path, monkeypatch):
     import huggingface_hub.constants
 
-    # the cache layout huggingface_hub leaves after downloading a tokenizer-only repo: files under the revision's
-    # snapshot, `refs/main` naming it, and `.no_exist` marking the config.json the repo does not have
+    # the cache layout huggingface_hub leaves after downloading a model repo's tokenizer: files under the revision's
+    # snapshot (with the model's config.json, which AutoTokenizer reads: transformers 5.17 cannot load a
+    # tokenizer-only repo offline) and `refs/main` naming it
     repo, revision = tmp_path / "hub" / "models--someone--tok", "0" * 40
     gpt2_style_folder(repo / "snapshots" / revision)
+    (repo / "snapshots" / revision / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(revision)
-    (repo / ".no_exist" / revision).mkdir(parents=True)
-    (repo / ".no_exist" / revision / "config.json").touch()
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     run = load_run_config(_write(tmp_path, tokenizer="someone/tok"))
     assert run.model_config.vocab_size == 301 and run.model_config.eos_token_id == 300
