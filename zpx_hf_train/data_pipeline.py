@@ -127,9 +127,9 @@ class _Tokenize:
         self.bos, self.eos = special_ids(tokenizer)
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
-        # split_special_tokens: a literal "<s>" in the text is text, never a document boundary
-        texts = batch[self.column]
-        ids = self.tokenizer(texts, add_special_tokens=False, split_special_tokens=True, verbose=False)["input_ids"]
+        from .tokenizer import encode_texts  # a literal "<s>" in the text is text, never a document boundary
+
+        ids = encode_texts(self.tokenizer, batch[self.column])
         return {"input_ids": [self.bos + doc + self.eos for doc in ids]}
 
 
