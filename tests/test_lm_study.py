@@ -3,6 +3,8 @@ split determinism, resume, the extrapolation scoring, lr selection, the exact pe
 
 import itertools
 import math
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -145,16 +147,23 @@ def test_a_tiny_study_records_provenance_and_a_rerun_skips_finished_rows(tmp_pat
     lm_study.main([*argv, "--max-runs", "1"])
     rows = read_rows(path)
     assert len(rows) == 3 and rows[:2] == first and (rows[2]["variant"], rows[2]["lr"]) == ("baseline", 3e-3)
-    fcntl = pytest.importorskip("fcntl")
-    with open(path, "a") as held:  # another study holds the rows: this one stops before training anything
-        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        with pytest.raises(SystemExit) as stop:
+    claims = tmp_path / "out" / "lm_study_lm_smoke.claims"
+    spec, protocol = lm_study.SIZES["lm_smoke"], rows[0]["protocol"]
+    todo = lm_study.runnable(spec, lm_study.index_rows(rows, protocol))
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as other:
+        try:  # another live study trains the next job: this one takes the one after it, a dead study's claim
+            lm_study.claim_path(claims, todo[0]).write_text(str(other.pid))
+            lm_study.claim_path(claims, todo[1]).write_text("999999999")
             lm_study.main([*argv, "--max-runs", "1"])
-        assert stop.value.code == 2 and len(read_rows(path)) == 3
+        finally:
+            other.kill()
+    rows = read_rows(path)
+    assert len(rows) == 4 and (rows[3]["variant"], rows[3]["seed"], rows[3]["lr"]) == todo[1]
+    assert [p.name for p in claims.iterdir()] == [lm_study.claim_path(claims, todo[0]).name]  # its own is released
     (root / "mod_00.py").write_text("another corpus\n")
     with pytest.raises(SystemExit) as stop:  # rows of another corpus are refused, never mixed in
         lm_study.main([*argv, "--max-runs", "1"])
-    assert stop.value.code == 2 and len(read_rows(path)) == 3
+    assert stop.value.code == 2 and len(read_rows(path)) == 4
 
 
 # ---- statistics -----------------------------------------------------------------------------------------------

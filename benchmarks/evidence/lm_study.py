@@ -5,8 +5,8 @@ parameters and tokens, with length extrapolation.
     python -m benchmarks.evidence.lm_study --report        # re-render results/lm_study.{md,json} from the rows
     python -m benchmarks.evidence.lm_study --size lm_smoke # its machinery in seconds
 
-On a shared machine it runs in the background on idle CPU, as started here (a second study on the same rows file
-stops at once: it holds a lock on it; the first run, at commit 550d185, held none, so check `pgrep -af lm_study`):
+On a shared machine it runs in the background on idle CPU, once per core it may use: studies on one rows file share
+out the jobs (each claims its run in `results/lm_study.claims/` with its pid; a dead study's claim is taken over):
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 nohup nice -n 19 python -m benchmarks.evidence.lm_study > /tmp/lm_study.log 2>&1 &
 
@@ -35,16 +35,16 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import datetime
 import hashlib
 import json
 import math
+import os
 import random
 import statistics as st
 import sys
 import sysconfig
-from collections.abc import Iterator
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,7 @@ SELECT_SEED = 0  # selects the lr; never tested, never reported
 LR_START = (3e-4, 1e-3, 3e-3)
 LR_LADDER = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # half-decade steps a grid widens along
 NGRAM_ORDERS = (3, 5)
+WAIT_SECONDS = 30  # a study with only claimed jobs left polls the rows this often
 
 
 @dataclass(frozen=True)
@@ -550,22 +551,55 @@ def render(spec: LMSpec, corpus: Corpus, done: dict[Job, dict], meta: dict[str, 
 # ---- command line ---------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def rows_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock on the rows file while the study runs (`fcntl.flock`, released at exit however the
-    process ends): a second study on the same rows would train the same jobs twice, so it stops instead."""
+def claim_path(claims: Path, job: Job) -> Path:
+    variant, seed, lr = job
+    return claims / f"{variant}_seed{seed}_lr{lr!r}"
+
+
+def alive(pid: int) -> bool:
     try:
-        import fcntl
-    except ImportError:  # no flock (Windows): run one study per rows file by hand
-        yield
-        return
-    with open(path, "a") as handle:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def claim(claims: Path, job: Job) -> bool:
+    """Take `job` for this process: a claim file created atomically (O_EXCL) holding this pid, so studies started
+    several times on one rows file (one per core) share out the jobs instead of training one twice. A claim whose
+    process has died (an interrupted study) is taken over."""
+    path = claim_path(claims, job)
+    for _ in range(2):
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"{COMMAND}: error: another study is running on {path} (pgrep -af lm_study)", file=sys.stderr)
-            raise SystemExit(2) from None
-        yield
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                owner = int(path.read_text().strip() or 0)
+            except (OSError, ValueError):
+                owner = 0
+            if owner and alive(owner):
+                return False
+            path.unlink(missing_ok=True)  # a dead study's claim
+            continue
+        with os.fdopen(fd, "w") as handle:
+            handle.write(str(os.getpid()))
+        return True
+    return False
+
+
+def claimed_by_others(claims: Path) -> list[str]:
+    """Jobs other live studies are training now."""
+    out = []
+    for path in sorted(claims.glob("*")):
+        try:
+            owner = int(path.read_text().strip() or 0)
+        except (OSError, ValueError):
+            continue
+        if owner != os.getpid() and alive(owner):
+            out.append(path.name)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -610,25 +644,40 @@ def main(argv: list[str] | None = None) -> None:
     commit = provenance()
     if commit["dirty"]:
         print(f"[warning] the working tree differs from commit {commit['commit'][:10]}: rows are flagged dirty=true")
-    with rows_lock(path):
-        runs = 0
-        while todo := runnable(spec, index_rows(read_rows(path), protocol)):
-            if args.max_runs is not None and runs >= args.max_runs:
+    claims = stem.with_suffix(".claims")
+    claims.mkdir(exist_ok=True)
+    runs = 0
+    while args.max_runs is None or runs < args.max_runs:
+        todo = runnable(spec, index_rows(read_rows(path), protocol))
+        job = next((j for j in todo if claim(claims, j)), None)
+        if job is None:
+            busy = claimed_by_others(claims)
+            if not todo or not busy:
                 break
-            variant, seed, lr = todo[0]
+            # the rest waits on runs another study is training (the lr pick needs every grid run)
+            print(f"[waiting] {len(todo)} runnable jobs are claimed by other studies: {busy}", flush=True)
+            time.sleep(WAIT_SECONDS)
+            continue
+        if job in index_rows(read_rows(path), protocol):  # finished by another study between the read and the claim
+            claim_path(claims, job).unlink(missing_ok=True)
+            continue
+        variant, seed, lr = job
+        try:
             row = run_lm(spec, corpus, variant, seed, lr, table[variant])
             row.update(protocol=protocol, corpus=corpus.fingerprint, command=command, machine=meta["machine"], **commit)
             append_row(path, row)
-            runs += 1
-            done = index_rows(read_rows(path), protocol)
-            finished, total = progress(spec, done)
-            shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if "bits" not in k}
-            shown = {k: shown[k] for k in ("variant", "seed", "lr", "status", "val_bpb", "seconds") if k in shown}
-            print(f"[{finished}/{total} runs] {shown}", flush=True)
-            try:  # the row is safe in the jsonl; a report error must not stop the study
-                render(spec, corpus, done, meta, stem)
-            except Exception as error:
-                print(f"[warning] the report was not rendered ({type(error).__name__}: {error}); rerun with --report")
+        finally:
+            claim_path(claims, job).unlink(missing_ok=True)
+        runs += 1
+        done = index_rows(read_rows(path), protocol)
+        finished, total = progress(spec, done)
+        shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if "bits" not in k}
+        shown = {k: shown[k] for k in ("variant", "seed", "lr", "status", "val_bpb", "seconds") if k in shown}
+        print(f"[{finished}/{total} runs] {shown}", flush=True)
+        try:  # the row is safe in the jsonl; a report error must not stop the study
+            render(spec, corpus, done, meta, stem)
+        except Exception as error:
+            print(f"[warning] the report was not rendered ({type(error).__name__}: {error}); rerun with --report")
     print(render(spec, corpus, index_rows(read_rows(path), protocol), meta, stem))
 
 
