@@ -56,6 +56,53 @@ def test_the_split_is_by_file_deterministic_and_complete(tmp_path):
     assert lm_study.load_corpus(root).fingerprint["content_sha256"] != corpus.fingerprint["content_sha256"]
 
 
+def test_a_bpe_trained_on_the_train_split_covers_every_byte_and_blocks_map_to_their_bytes(tmp_path):
+    corpus = lm_study.load_corpus(_source_tree(tmp_path))
+    spec = lm_study.SIZES["lm_smoke_bpe"]
+    bpe = lm_study.tokenize(corpus, spec)
+    again = lm_study.tokenize(lm_study.load_corpus(tmp_path), spec)
+    assert bpe.fingerprint["tokenizer"] == again.fingerprint["tokenizer"]  # deterministic: rows can be resumed
+    assert 260 < bpe.vocab <= spec.vocab_size and int(max(t.max() for t in bpe.tokens.values())) < bpe.vocab
+    tokenizer = lm_study.train_bpe(corpus.data["train"], spec.vocab_size)
+    for split in ("train", "val", "test"):
+        ids, nbytes = bpe.tokens[split], bpe.token_bytes[split]
+        assert len(ids) < len(corpus.data[split])  # merges happened
+        pieces = [tokenizer.decode([i]).encode() for i in ids.tolist()]  # each token's bytes, independently
+        assert [len(piece) for piece in pieces] == nbytes.tolist()
+        assert b"".join(pieces) == corpus.data[split].tobytes()
+    test, nbytes = bpe.tokens["test"], bpe.token_bytes["test"]
+    ends = lm_study.block_ends(len(test), longest=32, block=8)
+    positions = lm_study.scored_bytes(nbytes, ends, 8)
+    data = corpus.data["test"].tobytes()
+    expected = b"".join(tokenizer.decode(test[e - 7 : e + 1].tolist()).encode() for e in ends)
+    assert bytes(data[i] for i in positions) == expected  # a block's bytes are its 8 target tokens', in order
+    assert lm_study.mean_block_bytes(nbytes, ends, 8) == len(expected) / len(ends)
+    byte_study = lm_study.tokenize(lm_study.load_corpus(tmp_path), lm_study.SIZES["lm_smoke"])
+    assert "tokenizer" not in byte_study.fingerprint
+    assert lm_study.mean_block_bytes(byte_study.token_bytes["test"], ends, 8) == 8.0
+
+
+def test_bits_per_byte_over_blocks_of_unequal_bytes_is_total_bits_over_total_bytes():
+    torch.manual_seed(0)
+    spec = lm_study.SIZES["lm_smoke"]
+    model = lm_study.build_model("baseline", {"hidden": 16, "intermediate": 40}, 1, 2, lm_study.io_shape(spec))
+    model = model.double().eval()
+    rng = np.random.default_rng(2)
+    tokens = torch.from_numpy(rng.integers(4, 260, 120))
+    nbytes = rng.integers(1, 6, 120)  # what each token stands for
+    ends = lm_study.block_ends(len(tokens), longest=32, block=8)
+    norm = lm_study.mean_block_bytes(nbytes, ends, 8)
+    bits = lm_study.block_bits(model, tokens, ends, 32, block=8, block_bytes=norm)
+    total_bits = total_bytes = 0.0
+    for end in ends:
+        window = tokens[end - 32 : end + 1]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=window[None, :-1]).logits[0].double(), -1)
+        total_bits += sum(-logp[i, window[i + 1]].item() for i in range(24, 32)) / math.log(2)
+        total_bytes += nbytes[end - 7 : end + 1].sum()
+    assert bits.mean() == pytest.approx(total_bits / total_bytes, rel=1e-12)
+
+
 # ---- scoring --------------------------------------------------------------------------------------------------
 
 
@@ -131,6 +178,17 @@ def test_lr_selection_widens_an_edge_pick_and_never_reports_the_selection_seed()
     jobs = lm_study.runnable(spec, _done({3e-4: 3.0, 1e-3: 2.0, 3e-3: 2.5}))
     assert [j for j in jobs if j[0] == "baseline"] == [("baseline", s, 1e-3) for s in spec.report_seeds]
     assert lm_study.SELECT_SEED not in spec.report_seeds and lm_study.SELECT_SEED not in lm_study.LM.report_seeds
+
+
+def test_a_tiny_bpe_study_trains_scores_and_records_its_tokenizer(tmp_path):
+    root = _source_tree(tmp_path / "src")
+    argv = ["--size", "lm_smoke_bpe", "--corpus", str(root), "--output", str(tmp_path / "out"), "--max-runs", "1"]
+    lm_study.main(argv)
+    (row,) = read_rows(tmp_path / "out" / "lm_study_lm_smoke_bpe.jsonl")
+    vocab = row["corpus"]["tokenizer"]["vocab_size"]  # up to 400: as many merges as the tiny corpus has
+    assert row["status"] == "ok" and 260 < vocab <= 400
+    assert row["embedding_params"] == vocab * row["hidden"]  # the model's vocabulary is the BPE's
+    assert math.isfinite(row["val_bpb"]) and "BPE" in (tmp_path / "out" / "lm_study_lm_smoke_bpe.md").read_text()
 
 
 def test_a_tiny_study_records_provenance_and_a_rerun_skips_finished_rows(tmp_path):

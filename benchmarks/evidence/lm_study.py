@@ -4,6 +4,7 @@ parameters and tokens, with length extrapolation.
     python -m benchmarks.evidence.lm_study                 # the study (~5 CPU-hours); resumable, rows appended
     python -m benchmarks.evidence.lm_study --report        # re-render results/lm_study.{md,json} from the rows
     python -m benchmarks.evidence.lm_study --size lm_smoke # its machinery in seconds
+    python -m benchmarks.evidence.lm_study --size lm_bpe   # the same with a 4,096-token BPE trained on the split
 
 On a shared machine it runs in the background on idle CPU, once per core it may use: studies on one rows file share
 out the jobs (each claims its run in `results/lm_study.claims/` with its pid; a dead study's claim is taken over):
@@ -45,7 +46,7 @@ import statistics as st
 import sys
 import sysconfig
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ from benchmarks.measure import clock
 from zpx_hf.tokenization_bytes import BYTE_OFFSET, VOCAB_SIZE
 from zpx_hf_train.metrics import format_mean_std
 from zpx_hf_train.ngram import NgramModel
+from zpx_hf_train.tokenizer import TokenizerSpec, train_tokenizer
 
 COMMAND = "python -m benchmarks.evidence.lm_study"
 SPLITS = ("train", "val", "test")
@@ -98,6 +100,8 @@ class LMSpec:
     report_seeds: tuple[int, ...]
     max_files: int | None = None  # smoke sizes: the first files of the sorted list only
     tolerance: float = 0.05  # body-parameter match tolerance
+    tokenizer: str = "bytes"  # or "bpe": a byte-level BPE of `vocab_size` trained on the train split
+    vocab_size: int = 0
 
     def budget(self, lr: float) -> TaskBudget:
         return TaskBudget(
@@ -124,23 +128,28 @@ LM = LMSpec(
     variants=("baseline", "zpx_full", "pct"),
     report_seeds=(1, 2, 3),
 )
+LM_SMOKE = replace(
+    LM,
+    hidden=16,
+    layers=1,
+    heads=2,
+    context=16,
+    steps=6,
+    batch=2,
+    warmup=2,
+    eval_contexts=(16, 32, 64),
+    report_seeds=(1, 2),
+    max_files=60,
+    tolerance=0.25,
+)
 SIZES = {
     "lm": LM,
+    # the same with a 4,096-token byte-level BPE trained on the train split: windows of 256 BPE tokens (about 3.5x
+    # the bytes), the same number of training tokens, bits per byte over the bytes the scored tokens cover
+    "lm_bpe": replace(LM, tokenizer="bpe", vocab_size=4096),
     # the machinery in about a minute: the first 60 files, tiny models, a few steps
-    "lm_smoke": replace(
-        LM,
-        hidden=16,
-        layers=1,
-        heads=2,
-        context=16,
-        steps=6,
-        batch=2,
-        warmup=2,
-        eval_contexts=(16, 32, 64),
-        report_seeds=(1, 2),
-        max_files=60,
-        tolerance=0.25,
-    ),
+    "lm_smoke": LM_SMOKE,
+    "lm_smoke_bpe": replace(LM_SMOKE, tokenizer="bpe", vocab_size=400),
 }
 
 
@@ -149,10 +158,14 @@ SIZES = {
 
 @dataclass
 class Corpus:
-    """The split byte streams (uint8) and the fingerprint rows record."""
+    """The split byte streams (uint8) and the fingerprint rows record; `tokenize` adds each split's token ids, the
+    bytes each token stands for, and the vocabulary size."""
 
     data: dict[str, np.ndarray]
     fingerprint: dict[str, Any]
+    tokens: dict[str, torch.Tensor] = field(default_factory=dict)
+    token_bytes: dict[str, np.ndarray] = field(default_factory=dict)
+    vocab: int = VOCAB_SIZE
 
 
 def source_files(root: Path) -> list[str]:
@@ -206,6 +219,50 @@ def tokens_of(data: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(data.astype(np.int64) + BYTE_OFFSET)
 
 
+def train_bpe(train: np.ndarray, vocab_size: int) -> Any:
+    """A byte-level BPE of `vocab_size` trained on the train split's text (`zpx_hf_train.tokenizer`, as
+    `data.tokenizer: {train: bpe}` trains it)."""
+    lines = train.tobytes().decode("utf-8").splitlines(keepends=True)
+    return train_tokenizer(TokenizerSpec("train", algorithm="bpe", vocab_size=vocab_size), lines, seq_len=1 << 20)
+
+
+def tokenize(corpus: Corpus, spec: LMSpec) -> Corpus:
+    """Fill `corpus.tokens` / `token_bytes` / `vocab` for `spec.tokenizer`. A BPE's json hash joins the
+    fingerprint (rows of another tokenizer are refused); every split's tokens must cover its bytes exactly."""
+    if spec.tokenizer == "bytes":
+        corpus.tokens = {s: tokens_of(corpus.data[s]) for s in SPLITS}
+        corpus.token_bytes = {s: np.ones(len(corpus.data[s]), dtype=np.int64) for s in SPLITS}
+        corpus.vocab = VOCAB_SIZE
+        return corpus
+    if spec.tokenizer != "bpe":
+        raise ValueError(f"LMSpec.tokenizer {spec.tokenizer!r}: use 'bytes' or 'bpe'")
+    tokenizer = train_bpe(corpus.data["train"], spec.vocab_size)
+    backend = tokenizer.backend_tokenizer
+    # byte-level symbols: each character of a token's string stands for one byte (GPT-2's byte-to-unicode map)
+    symbol_bytes = np.zeros(backend.get_vocab_size(), dtype=np.int64)
+    for token, index in backend.get_vocab().items():
+        symbol_bytes[index] = len(token)
+    for split in SPLITS:
+        encoding = backend.encode(corpus.data[split].tobytes().decode("utf-8"), add_special_tokens=False)
+        ids = np.asarray(encoding.ids, dtype=np.int64)
+        corpus.tokens[split] = torch.from_numpy(ids)
+        corpus.token_bytes[split] = symbol_bytes[ids]
+        covered = int(corpus.token_bytes[split].sum())
+        if covered != len(corpus.data[split]):
+            raise RuntimeError(f"BPE tokens of the {split} split cover {covered} bytes of {len(corpus.data[split])}")
+    corpus.vocab = backend.get_vocab_size()
+    corpus.fingerprint = {
+        **corpus.fingerprint,
+        "tokenizer": {
+            "kind": "bpe",
+            "vocab_size": corpus.vocab,
+            "sha256": hashlib.sha256(backend.to_str().encode()).hexdigest(),
+            "split_tokens": {s: len(corpus.tokens[s]) for s in SPLITS},
+        },
+    }
+    return corpus
+
+
 # ---- scoring --------------------------------------------------------------------------------------------------
 
 
@@ -219,10 +276,17 @@ def block_ends(length: int, longest: int, block: int) -> np.ndarray:
 
 @torch.no_grad()
 def block_bits(
-    model: torch.nn.Module, tokens: torch.Tensor, ends: np.ndarray, context: int, block: int, batch: int = 16
+    model: torch.nn.Module,
+    tokens: torch.Tensor,
+    ends: np.ndarray,
+    context: int,
+    block: int,
+    batch: int = 16,
+    block_bytes: float | None = None,
 ) -> np.ndarray:
-    """Bits per byte of each scored block: the model reads tokens[e-context : e] and its last `block` positions
-    predict tokens[e-block+1 : e+1] (the LM head only; a ZPX centre loss is a regulariser, not likelihood)."""
+    """Bits of each scored block over `block_bytes` (default `block`: one byte per token), the mean bytes of a
+    scored block, so the blocks' mean is the test bits per byte: the model reads tokens[e-context : e] and its last
+    `block` positions predict tokens[e-block+1 : e+1] (the LM head only; a ZPX centre loss is a regulariser)."""
     if context < block:
         raise ValueError(f"context {context} < scored block {block}")
     was_training = model.training
@@ -236,7 +300,7 @@ def block_bits(
         targets = tokens[e[:, None] + offsets[-block:] + 1].to(device)
         logits = model(input_ids=inputs, use_cache=False).logits[:, -block:].double()
         nll = -torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]
-        out.append((nll.sum(-1) / (block * math.log(2))).cpu().numpy())
+        out.append((nll.sum(-1) / ((block if block_bytes is None else block_bytes) * math.log(2))).cpu().numpy())
     model.train(was_training)
     return np.concatenate(out) if out else np.zeros(0)
 
@@ -253,13 +317,25 @@ def decode_floats(text: str) -> np.ndarray:
 # ---- one run --------------------------------------------------------------------------------------------------
 
 
-def io_shape(spec: LMSpec) -> dict[str, int]:
-    return {"vocab": VOCAB_SIZE, "max_pos": max(spec.eval_contexts), "train_length": spec.context}
+def io_shape(spec: LMSpec, vocab: int = VOCAB_SIZE) -> dict[str, int]:
+    return {"vocab": vocab, "max_pos": max(spec.eval_contexts), "train_length": spec.context}
 
 
-def widths(spec: LMSpec) -> dict[str, dict[str, Any]]:
+def scored_bytes(token_bytes: np.ndarray, ends: np.ndarray, block: int) -> np.ndarray:
+    """Byte positions the scored tokens of each block cover (targets e-block+1 .. e), in order."""
+    starts = np.cumsum(token_bytes) - token_bytes
+    first, last = starts[ends - block + 1], starts[ends] + token_bytes[ends]
+    return np.concatenate([np.arange(a, b) for a, b in zip(first, last)]) if len(ends) else np.zeros(0, np.int64)
+
+
+def mean_block_bytes(token_bytes: np.ndarray, ends: np.ndarray, block: int) -> float:
+    """Mean bytes covered by a scored block (`block` exactly when every token is one byte)."""
+    return len(scored_bytes(token_bytes, ends, block)) / max(1, len(ends))
+
+
+def widths(spec: LMSpec, vocab: int = VOCAB_SIZE) -> dict[str, dict[str, Any]]:
     """Each variant's hidden / intermediate size at the baseline's body parameters (`models.match_width`)."""
-    io = io_shape(spec)
+    io = io_shape(spec, vocab)
     return {
         v: match_width(v, spec.hidden, spec.layers, spec.heads, io, spec.tolerance, None, counter=body_parameters)
         for v in spec.variants
@@ -275,12 +351,12 @@ def run_lm(spec: LMSpec, corpus: Corpus, variant: str, seed: int, lr: float, wid
     start = clock()
     try:
         torch.manual_seed(seed)
-        model = build_model(variant, width, spec.layers, spec.heads, io_shape(spec))
+        model = build_model(variant, width, spec.layers, spec.heads, io_shape(spec, corpus.vocab))
         embedding, head = embedding_parameters(model)
         row.update(body_params=body_parameters(model), embedding_params=embedding, head_params=head)
         row["params"] = row["body_params"] + embedding + head
         row["config_hash"] = config_hash(model)
-        train = tokens_of(corpus.data["train"])
+        train = corpus.tokens["train"]
         generator = torch.Generator().manual_seed(train_seed(seed, 0))
         window = torch.arange(spec.context)
 
@@ -293,18 +369,21 @@ def run_lm(spec: LMSpec, corpus: Corpus, variant: str, seed: int, lr: float, wid
         row.update(train_loop(model, loss_fn, spec.budget(lr)))
         row["train_flops"] = row["flops_per_step"] * row["steps_done"]
         row["train_tokens"] = row["steps_done"] * spec.batch * spec.context
-        val = tokens_of(corpus.data["val"])
+        val = corpus.tokens["val"]
         val_ends = block_ends(len(val), spec.context, spec.context)
-        row["val_bpb"] = float(block_bits(model, val, val_ends, spec.context, spec.context).mean())
+        norm = mean_block_bytes(corpus.token_bytes["val"], val_ends, spec.context)
+        row["val_bpb"] = float(block_bits(model, val, val_ends, spec.context, spec.context, block_bytes=norm).mean())
         row["val_blocks"] = len(val_ends)
         if not math.isfinite(row["val_bpb"]):
             raise FloatingPointError(f"validation bits per byte {row['val_bpb']}")
         if row["stage"] == "report":
-            test = tokens_of(corpus.data["test"])
+            test = corpus.tokens["test"]
             ends = block_ends(len(test), max(spec.eval_contexts), spec.context)
             row["test_blocks"] = len(ends)
+            norm = mean_block_bytes(corpus.token_bytes["test"], ends, spec.context)
             for context in spec.eval_contexts:
-                bits = block_bits(model, test, ends, context, spec.context, batch=max(1, 4096 // context))
+                batch = max(1, 4096 // context)
+                bits = block_bits(model, test, ends, context, spec.context, batch=batch, block_bytes=norm)
                 row[f"test_bpb@{context}"] = float(bits.mean())
                 row[f"test_bits@{context}"] = encode_floats(bits)
         row["status"] = "ok"
@@ -321,7 +400,10 @@ Job = tuple[str, int, float]  # (variant, seed, lr)
 
 def protocol_id(spec: LMSpec, corpus: Corpus) -> str:
     """sha1 of the spec and the corpus fingerprint: rows of another protocol or corpus are never mixed in."""
-    payload = {"spec": asdict(spec), "corpus": corpus.fingerprint, "start": LR_START, "ladder": LR_LADDER}
+    fields = asdict(spec)
+    if spec.tokenizer == "bytes":  # the byte study's id from before the tokenizer fields existed
+        fields = {k: v for k, v in fields.items() if k not in ("tokenizer", "vocab_size")}
+    payload = {"spec": fields, "corpus": corpus.fingerprint, "start": LR_START, "ladder": LR_LADDER}
     return hashlib.sha1(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -392,8 +474,8 @@ def progress(spec: LMSpec, done: dict[Job, dict[str, Any]]) -> tuple[int, int]:
 def ngram_references(corpus: Corpus, spec: LMSpec) -> dict[str, float]:
     """Bits per byte of byte n-gram models trained on the train split, on exactly the test bytes the LMs score."""
     test = corpus.data["test"]
-    ends = block_ends(len(test), max(spec.eval_contexts), spec.context)
-    targets = (ends[:, None] + np.arange(-spec.context + 1, 1)).reshape(-1)
+    ends = block_ends(len(corpus.tokens["test"]), max(spec.eval_contexts), spec.context)
+    targets = scored_bytes(corpus.token_bytes["test"], ends, spec.context)
     out = {}
     for order in NGRAM_ORDERS:
         model = NgramModel(order).fit(corpus.data["train"])
@@ -419,8 +501,20 @@ def render(spec: LMSpec, corpus: Corpus, done: dict[Job, dict], meta: dict[str, 
     """results/<stem>.md and .json from the rows: corpus, sizes, lr selection, test bits per byte, comparisons."""
     fp = corpus.fingerprint
     finished, total = progress(spec, done)
+    bpe = fp.get("tokenizer")
+    unit = "bytes" if bpe is None else "BPE tokens"
+    tokens_line = (
+        "byte tokens"
+        if bpe is None
+        else f"a byte-level BPE of {bpe['vocab_size']:,} tokens trained on the train split (`zpx_hf_train.tokenizer`, "
+        f"sha256 `{bpe['sha256'][:16]}`; train / validation / test {bpe['split_tokens']['train']:,} / "
+        f"{bpe['split_tokens']['val']:,} / {bpe['split_tokens']['test']:,} tokens); bits per byte count the bytes "
+        "the scored tokens cover"
+    )
     lines = [
-        "# Language modelling on real text: byte-level, CPython's standard-library sources",
+        "# Language modelling on real text: "
+        + ("byte-level" if bpe is None else "BPE")
+        + ", CPython's standard-library sources",
         "",
         f"Command: `{meta['command']}` (resumable: a rerun skips finished rows; `--report` re-renders). "
         f"Status: {finished} of {total} runs done (the runs planned so far: a grid widens when its pick is on an "
@@ -433,9 +527,9 @@ def render(spec: LMSpec, corpus: Corpus, done: dict[Job, dict], meta: dict[str, 
         f"{fp['split_bytes']['test']:,}. sha256 of the file list `{fp['files_sha256'][:16]}`, of the contents "
         f"`{fp['content_sha256'][:16]}`.",
         "",
-        f"Protocol (fixed before the runs, `benchmarks/evidence/lm_study.py`): byte tokens, hidden {spec.hidden}, "
+        f"Protocol (fixed before the runs, `benchmarks/evidence/lm_study.py`): {tokens_line}, hidden {spec.hidden}, "
         f"{spec.layers} layer(s), {spec.heads} heads for the baseline and each family at its body parameters; "
-        f"{spec.steps:,} steps x {spec.batch} random windows of {spec.context} bytes = {spec.tokens:,} training "
+        f"{spec.steps:,} steps x {spec.batch} random windows of {spec.context} {unit} = {spec.tokens:,} training "
         f"tokens per run, warm-up {spec.warmup} then constant lr. lr selected on validation bits per byte with seed "
         f"{SELECT_SEED} (never tested or reported) over {', '.join(f'{x:g}' for x in LR_START)}, widened along "
         f"{', '.join(f'{x:g}' for x in LR_LADDER)} while the pick is on the edge; then seeds "
@@ -615,7 +709,7 @@ def main(argv: list[str] | None = None) -> None:
     stem = args.output / ("lm_study" if args.size == "lm" else f"lm_study_{args.size}")
     args.output.mkdir(parents=True, exist_ok=True)
     path = stem.with_suffix(".jsonl")
-    corpus = load_corpus(args.corpus, spec.max_files)
+    corpus = tokenize(load_corpus(args.corpus, spec.max_files), spec)
     protocol = protocol_id(spec, corpus)
     rows = read_rows(path)
     foreign = [r for r in rows if r.get("protocol") != protocol]
@@ -637,7 +731,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.report:
         print(render(spec, corpus, index_rows(rows, protocol), meta, stem))
         return
-    table = widths(spec)
+    table = widths(spec, corpus.vocab)
     unmatched = [v for v, w in table.items() if not w["matched"]]
     if unmatched:
         print(f"[warning] body parameters not matched within {spec.tolerance:.0%}: {unmatched} ({table})")
