@@ -317,3 +317,21 @@ def test_a_comparison_reads_its_verdict_off_the_bootstrap_interval():
     assert worse["verdict"] == "worse" and worse["ci"][0] > 0
     same = lm_study.compare(baseline, baseline, 8, level=0.99)
     assert same["verdict"] == "within noise" and same["p"] == pytest.approx(1.0)
+
+
+def test_the_headline_gives_each_variants_test_bits_and_its_verdict_against_the_baseline():
+    spec = lm_study.LM
+    summary = {
+        "baseline": {"pick": 1e-3, **{f"test_bpb@{c}": [1.5, 1.7] for c in spec.eval_contexts}},
+        "zpx_full": {"pick": 3e-4, **{f"test_bpb@{c}": [1.4, 1.4] for c in spec.eval_contexts}},
+        "pct": {"pick": None},
+    }
+    results = {"zpx_full@256": {"diff": -0.2, "ci": (-0.3, -0.1), "verdict": "better"}}
+    fp = {"bytes": 12_000_000}
+    lines = lm_study.headline_markdown(spec, fp, summary, {}, results, {"3-gram": 2.5}, (10, 18))
+    table = {line.split(" | ")[0].strip("| "): line for line in lines if line.startswith("| ") and " | " in line}
+    assert "1.600 ± 0.141" in table["softmax + RoPE (baseline)"] and "(baseline)" in table["softmax + RoPE (baseline)"]
+    zpx = table[lm_study.EVIDENCE_LABELS["zpx_full"]]
+    assert "0.0003" in zpx and "1.400 ± 0.000" in zpx and "-0.200 [-0.300, -0.100] better" in zpx
+    assert zpx.rstrip(" |").endswith("-")  # no comparison at 1024 yet
+    assert "3-gram 2.500" in lines[-1] and "10 of 18 runs" in lines[-1]
