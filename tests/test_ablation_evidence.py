@@ -469,6 +469,8 @@ def test_report_verdicts_are_by_claim_family_on_the_reported_seeds(tmp_path):
     raw = stats.welch(accuracy["zpx_full"][1:], accuracy["baseline"][1:])["p"]
     assert better["p_adjusted"] == pytest.approx(min(1.0, 2 * raw)) and better["level"] == 1 - 0.05 / 2
     assert better["verdict"] == "better" and better["ci"][0] > 0
+    interval = stats.welch_interval(accuracy["zpx_full"][1:], accuracy["baseline"][1:], 1 - 0.05 / 2)
+    assert better["ci"] == pytest.approx(list(interval), rel=1e-12)
     assert noise["verdict"] == "within noise" and noise["ci"][0] <= 0 <= noise["ci"][1]
     for r in verdicts.values():  # one rule: never an interval excluding 0 beside "within noise"
         if r["status"] == "tested":
