@@ -10,8 +10,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from benchmarks.evidence import lm_study, models, plan, protocol, report, runs, stats, suite, tasks, training
+from benchmarks.evidence import (
+    audit,
+    lm_study,
+    models,
+    nbody,
+    plan,
+    protocol,
+    report,
+    runs,
+    stats,
+    suite,
+    tasks,
+    training,
+)
 from benchmarks.evidence.rows import append_row, provenance, read_rows
 from benchmarks.evidence.sizes import SIZES
 
@@ -24,7 +38,7 @@ EVIDENCE = SIZES["evidence"]
 # benchmarks/evidence/ bottom up (the package docstring's order): a module imports only modules before it here
 LAYERS = (
     *("protocol", "rows", "stats", "training", "nbody", "tasks"),
-    *("models", "runs", "sizes", "plan", "report", "suite"),
+    *("models", "runs", "sizes", "plan", "audit", "report", "suite"),
 )
 TOOLS = ("calibrate", "nbody_study", "pct_defaults", "lm_study", "__main__")  # entry points: nothing imports them
 
@@ -671,3 +685,98 @@ def test_a_needle_column_no_variant_learned_is_named_and_its_claims_say_so():
     assert verdicts["pct|passkey_digit_acc@1x|passkey_long"]["status"].startswith("degenerate: no model learned")
     claim = report._claim(verdicts, "pct", column["key"], "passkey_long")
     assert claim.startswith("not tested (degenerate: no model learned")
+
+
+# ---- what the rows say about the protocol (audit) ----------------------------------------------------------------
+
+
+def test_convergence_names_a_budget_that_measures_speed_of_learning():
+    cells = [plan.Cell(v, "mqar", 3, 0) for v in ("baseline", "zpx_full")]
+    rows = [_row(v, "mqar", 0, lr, x) for v in ("baseline", "zpx_full") for lr, x in zip(EVIDENCE.lrs, (0.5, 0.9, 0.8))]
+    rows += [_row("baseline", "mqar", s, 1e-3, 0.9, final_train_loss=x) for s, x in ((1, 0.03), (2, 0.29))]
+    rows += [_row("zpx_full", "mqar", s, 1e-3, 0.9, final_train_loss=x) for s, x in ((1, 0.01), (2, 0.10))]
+    entries = audit.convergence(_done(rows), cells, EVIDENCE)
+    assert [(e["cell"], e["converged"], e["seeds"]) for e in entries] == [("baseline", 1, 2), ("zpx_full", 2, 2)]
+    assert math.isclose(audit.CONVERGED_LOSS, -math.log(0.9))  # the answers' likelihood at the recall bar
+    text = "\n".join(audit.convergence_markdown(entries, EVIDENCE))
+    assert "**mqar at 300 steps measures speed of learning**: 1 of 4 reported runs did not converge" in text
+    assert "1 of 2 cells converged in every seed" in text
+    done = [r for r in rows if r.get("final_train_loss", 0) != 0.29]
+    done.append(_row("baseline", "mqar", 2, 1e-3, 0.9, final_train_loss=0.05))
+    assert "speed of learning" not in "\n".join(
+        audit.convergence_markdown(audit.convergence(_done(done), cells, EVIDENCE), EVIDENCE)
+    )
+
+
+def test_body_parameters_exclude_embedding_and_head_and_nbody_flops_match_its_training_step():
+    spec = SIZES["evidence_smoke"]
+    widths = models.width_table(spec, ["baseline", "versor_hybrid"], ["mqar", "nbody"], 0.1)
+    for key in ("baseline/mqar", "versor_hybrid/mqar"):
+        variant, task = key.split("/")
+        split = audit.parameter_split(variant, widths[key], task, spec)
+        torch.manual_seed(0)
+        model = models.build_model(
+            variant, widths[key], spec.layers, spec.heads, tasks.io_shape(task, spec.budgets[task], spec)
+        )
+        named = dict(model.named_parameters())
+        vocab_sized = {n: p.numel() for n, p in named.items() if p.shape[0] == 260}  # token embedding, LM head
+        assert split["total"] == sum(p.numel() for p in named.values()) == widths[key]["params"]
+        assert split["embedding"] + split["head"] == sum(vocab_sized.values()) and len(vocab_sized) == 2
+        assert split["body"] == split["total"] - sum(vocab_sized.values())
+    regressor = audit.parameter_split("baseline", widths["baseline/nbody"], "nbody", spec)
+    assert regressor["body"] == audit.parameter_split("baseline", widths["baseline/mqar"], "mqar", spec)["body"]
+    # the derived N-body FLOPs are those of the suite's own training step (its data, normaliser and loss)
+    budget = spec.budgets["nbody"]
+    torch.manual_seed(0)
+    model = models.build_model(
+        "baseline", widths["baseline/nbody"], spec.layers, spec.heads, tasks.io_shape("nbody", budget, spec)
+    )
+    train = torch.tensor(nbody.nbody_data(budget.params, 1, budget.params["train_trajectories"])["states"])
+    norm = nbody.Normaliser(train, budget.params.get("target", "delta"))
+    real = runs.step_flops(model, nbody.training_loss(model, train, norm, budget, 1, "cpu"))
+    assert real > 0 and audit.nbody_step_flops("baseline", widths["baseline/nbody"], spec) == real
+
+
+def test_compute_matched_reads_the_variant_at_the_baselines_total_flops():
+    cells = [plan.Cell(v, "mqar", 2, 0) for v in ("baseline", "pct")]
+    rows = [_row(v, "mqar", 0, lr, x) for v in ("baseline", "pct") for lr, x in zip(EVIDENCE.lrs, (0.5, 0.9, 0.8))]
+    rows.append(_row("baseline", "mqar", 1, 1e-3, 0.9, flops_per_step=100, val_curve=[[150, 0.2], [300, 0.6]]))
+    rows.append(_row("pct", "mqar", 1, 1e-3, 0.9, flops_per_step=200, val_curve=[[75, 0.1], [150, 0.3], [300, 0.7]]))
+    entries = {e["cell"]: e for e in audit.compute_table(_done(rows), cells, EVIDENCE, {})}
+    pct = entries["pct"]
+    assert (pct["ratio"], pct["total"], entries["baseline"]["total"]) == (2.0, 200 * 300, 100 * 300)
+    # the baseline's 300 steps of FLOPs buy PCT 150 steps: its curve there, beside the baseline's end
+    assert pct["matched"] == {"step": 150.0, "variant": 0.3, "baseline": 0.6, "baseline_step": 300, "variant_end": 0.7}
+    rows[-1]["flops_per_step"] = 160  # 187.5 steps: interpolated between 150 and 300
+    pct = {e["cell"]: e for e in audit.compute_table(_done(rows), cells, EVIDENCE, {})}["pct"]
+    assert pct["matched"]["variant"] == pytest.approx(0.3 + 0.4 * 37.5 / 150)
+    assert "0.400 at step 188 vs the baseline's 0.600 at 300" in "\n".join(audit.compute_markdown([pct]))
+
+
+def test_lr_ranges_use_the_copy_floor_and_constant_velocity_and_are_written_to_cite(tmp_path):
+    floor = audit.task_floor("mqar", EVIDENCE)
+    assert floor == pytest.approx(1 / 4 + (3 / 4) / 26)  # 4 pairs: copying a context value, not 1/26
+    tokens = EVIDENCE.val_examples * 8
+    above = floor + 3.2 * math.sqrt(floor * (1 - floor) / tokens)  # just above the floor's 3 standard errors
+    at = floor + 2.8 * math.sqrt(floor * (1 - floor) / tokens)
+    rows = [_row("zpx_full", "mqar", 0, lr, x, shape=[512, 8]) for lr, x in zip(EVIDENCE.lrs, (at, above, 0.95))]
+    rows += [_row("baseline", "mqar", 0, lr, x, shape=[512, 8]) for lr, x in zip(EVIDENCE.lrs, (0.95, 0.92, 0.5))]
+    reference = {"val_const_velocity_position_mse": 0.008}
+    rows += [_row("pct", "nbody", 0, lr, x) for lr, x in zip(EVIDENCE.lrs, (0.009, 0.007, 0.006))]
+    entries = {(e["variant"], e["task"]): e for e in audit.lr_ranges(_done(rows), EVIDENCE, reference)}
+    zpx = entries[("zpx_full", "mqar")]
+    assert [r["verdict"] for r in zpx["runs"]] == ["at the floor", "above the floor, below the bar", "learned"]
+    assert (zpx["range"], zpx["above"]) == ([3e-3], [1e-3, 3e-3])
+    assert entries[("pct", "nbody")]["range"] == [1e-3, 3e-3]
+    text = "\n".join(audit.lr_range_markdown(list(entries.values()), EVIDENCE, reference))
+    assert "zpx_full on mqar (not at 0.0003, 0.001)" in text  # narrower than the baseline's, named
+    cells = [plan.Cell(v, "mqar", 2, 0) for v in ("baseline", "zpx_full")]
+    meta = {"command": "c", "date": "d", "machine": "m"}
+    report.write_evidence(_done(rows), cells, EVIDENCE, {}, meta, [], None, tmp_path / "e", figures=False)
+    cited = json.loads((tmp_path / "e_lr_ranges.json").read_text())
+    assert (
+        cited["zpx_full/mqar"]["range"] == [3e-3]
+        and "lr range that learns" in (tmp_path / "e_lr_ranges.md").read_text()
+    )
+    configurations = "\n".join(audit.configurations_markdown(plan.evidence_cells(["mqar"]), EVIDENCE))
+    assert "= 9 configurations against 3 for every other cell" in configurations and "were not tuned" in configurations

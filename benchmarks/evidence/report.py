@@ -1,5 +1,6 @@
-"""The evidence suite's report: per-cell tables with Welch + Holm and bootstrap verdicts, the seed claims, the
-N-body references, lr selection, parameter counts, curves, and the rows of superseded protocols listed.
+"""The evidence suite's report: the claim families declared in the plan, per-cell tables over the reported seeds,
+verdicts by family (Welch with its family-corrected interval, exact tests beside it), the seed claims, the N-body
+references, the protocol audit (`audit`), lr selection, parameter counts, curves, and superseded rows listed.
 
 Pure functions of the result rows (no training): `python -m benchmarks.evidence --size evidence --report`
 re-renders results/ablation_evidence.{md,json} and the curve plot from the committed jsonl. The superseded
@@ -19,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.evidence import plan
+from benchmarks.evidence import audit, plan
+from benchmarks.evidence.audit import markdown_table
 from benchmarks.evidence.protocol import EVAL_SEED, VAL_SEED
 from benchmarks.evidence.rows import CALIBRATION_TRIALS, read_rows
 from benchmarks.evidence.stats import (
@@ -64,14 +66,6 @@ METRICS = {
 NEEDLE = "passkey_digit_acc"
 
 
-def markdown_table(header: list[str], rows: list[list[str]], align: str = "---:") -> list[str]:
-    return [
-        "| " + " | ".join(header) + " |",
-        "|---|" + f"{align}|" * (len(header) - 1),
-        *("| " + " | ".join(r) + " |" for r in rows),
-    ]
-
-
 # Seed claims, quoted as the seeds state them (seeds 003 and 004; no ± values there)
 SEED_PCT = (
     "PCT 1.000 vs Softmax Transformer 0.583 on needle-in-a-haystack retrieval at 16K tokens (LRA: 1.000 vs 0.821)"
@@ -90,7 +84,7 @@ EVIDENCE_LABELS = {
 }
 
 
-# (title, tasks, variants) of each evidence table; the Holm correction runs over all comparisons of one table
+# (title, tasks, variants) of each evidence table of values; verdicts are by claim family (plan.comparison_families)
 EVIDENCE_TABLES = [
     (
         "Headline: MQAR, the needle at its trained length and beyond (extrapolation), N-body",
@@ -794,6 +788,14 @@ def write_evidence(
     family_lines, verdicts = family_verdicts(done, cells, spec)
     lines += family_lines
     lines += evidence_claims(verdicts, spec, reference, widths) + [""]
+    tasks = sorted({c.task for c in cells})
+    lines += audit.convergence_markdown(audit.convergence(done, cells, spec), spec)
+    parameter_lines, split = audit.parameter_markdown(widths, spec, tasks)
+    compute = audit.compute_table(done, cells, spec, widths)
+    lines += parameter_lines + audit.compute_markdown(compute) + audit.configurations_markdown(cells, spec)
+    ranges = audit.lr_ranges(done, spec, reference)
+    range_lines = audit.lr_range_markdown(ranges, spec, reference)
+    lines += range_lines
     if reference:
         lines += nbody_reference_lines(done, cells, spec, reference)
     body = []
@@ -870,9 +872,21 @@ def write_evidence(
         "size": asdict_spec(spec),
         "selection": {f"{c.name}/{c.task}": plan.select(c, done, spec) for c in cells},
         "verdicts": {k: {kk: vv for kk, vv in v.items()} for k, v in verdicts.items()},
+        "families": [asdict(f) for f in plan.comparison_families(spec)],
+        "convergence": audit.convergence(done, cells, spec),
+        "parameters": split,
+        "compute": compute,
+        "lr_ranges": audit.lr_range_summary(ranges),
         "nbody_reference": reference,
         "runs": list(done.values()),
     }
     stem.with_suffix(".json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
     stem.with_suffix(".md").write_text(text)
+    if range_lines:  # the lr ranges alone, for citing (README, model cards)
+        ranges_stem = stem.parent / f"{stem.name}_lr_ranges"
+        ranges_stem.with_suffix(".md").write_text(
+            f"From `{meta['command']} --report` ({meta['date']}), the rows of {stem.name}.jsonl.\n\n"
+            + "\n".join(range_lines)
+        )
+        ranges_stem.with_suffix(".json").write_text(json.dumps(audit.lr_range_summary(ranges), indent=1) + "\n")
     return text
