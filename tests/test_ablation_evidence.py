@@ -596,7 +596,12 @@ def test_the_versor_claim_says_where_versor_is_not_parameter_matched():
     }
     line = next(x for x in report.evidence_claims({}, EVIDENCE, None, widths) if x.startswith("- Versor"))
     assert "NOT parameter-matched: Versor at its width cap (hidden 512) has 233,646 vs the baseline's 409,982" in line
-    assert "Recall (parameter-matched, 468,624 vs the baseline's 468,704 parameters): MQAR undecided" in line
+    assert (
+        "Recall (parameter-matched on the total, 468,624 vs the baseline's 468,704 parameters): MQAR undecided" in line
+    )
+    split = {"versor_hybrid/mqar": {"body": 202_384}, "baseline/mqar": {"body": 402_144}}
+    line = next(x for x in report.evidence_claims({}, EVIDENCE, None, widths, split) if x.startswith("- Versor"))
+    assert "468,704 parameters; bodies 202,384 vs 402,144 without embeddings and heads): MQAR" in line
     assert "parameter counts not recorded" in report.evidence_claims({}, EVIDENCE, None)[-2]
 
 
@@ -701,6 +706,8 @@ def test_convergence_names_a_budget_that_measures_speed_of_learning():
     text = "\n".join(audit.convergence_markdown(entries, EVIDENCE))
     assert "**mqar at 300 steps measures speed of learning**: 1 of 4 reported runs did not converge" in text
     assert "1 of 2 cells converged in every seed" in text
+    table = "\n".join(report.evidence_tables(_done(rows), cells, EVIDENCE))  # said under the values as well
+    assert "mqar: 1 of 4 reported runs did not converge in 300 steps (final training loss > 0.105)" in table
     done = [r for r in rows if r.get("final_train_loss", 0) != 0.29]
     done.append(_row("baseline", "mqar", 2, 1e-3, 0.9, final_train_loss=0.05))
     assert "speed of learning" not in "\n".join(

@@ -322,6 +322,15 @@ def evidence_tables(done: dict, cells: Sequence[Any], spec: Any) -> list[str]:
         widen = sorted({lr for k in present if _edge_mark(chosen_of[k]) for lr in chosen_of[k]["widen"]})
         notes = [EDGE_NOTE.format(", ".join(f"lr {lr:g}" for lr in widen) or "none: the ladder's end")] if widen else []
         notes += [*learned_nothing_columns(rows_of, columns).values()]
+        for t in dict.fromkeys(t for _, t in present):
+            reported = [r for (_, tt), rs in rows_of.items() if tt == t for r in rs if "final_train_loss" in r]
+            short = sum(not audit.converged(r) for r in reported)
+            if t in audit.TOKEN_TASKS and short:
+                notes.append(
+                    f"{t}: {short} of {len(reported)} reported runs did not converge in "
+                    f"{spec_dict['budgets'][t]['steps']:,} steps (final training loss > {audit.CONVERGED_LOSS:.3f}): "
+                    "these columns measure speed of learning (see the convergence table)."
+                )
         notes += long_needle_calibration(spec_dict) if tasks == ("passkey_long",) else []
         for note in notes:
             lines += ["", note]
@@ -515,19 +524,27 @@ def _claim(verdicts: dict, variant: str, key: str, task: str) -> str:
     )
 
 
-def _versor_match(widths: dict, task: str) -> str:
-    """How Versor's size compares with the baseline's on `task`: matched (±10%) or not, with both counts."""
+def _versor_match(widths: dict, task: str, split: dict | None = None) -> str:
+    """How Versor's size compares with the baseline's on `task`: matched (±10%) or not, with both counts, and the
+    bodies' counts where `split` (`audit.parameter_split` by `variant/task`) has them."""
     versor, base = widths.get(f"versor_hybrid/{task}"), widths.get(f"baseline/{task}")
     if not versor or not base:
         return "parameter counts not recorded"
     counts = f"{versor['params']:,} vs the baseline's {base['params']:,} parameters"
+    bodies = [(split or {}).get(f"{v}/{task}") for v in ("versor_hybrid", "baseline")]
+    if all(bodies):
+        counts += f"; bodies {bodies[0]['body']:,} vs {bodies[1]['body']:,} without embeddings and heads"
     if versor["matched"]:
-        return f"parameter-matched, {counts}"
+        return f"parameter-matched on the total, {counts}"
     return f"NOT parameter-matched: Versor at its width cap (hidden {versor['hidden']}) has {counts}"
 
 
 def evidence_claims(
-    verdicts: dict, spec: Any, reference: dict[str, Any] | None, widths: dict | None = None
+    verdicts: dict,
+    spec: Any,
+    reference: dict[str, Any] | None,
+    widths: dict | None = None,
+    split: dict | None = None,
 ) -> list[str]:
     """Each seed's claim as the seed states it, and what the corrected tests of this suite say about it."""
     longest = max(spec.passkey_multiples)
@@ -567,9 +584,9 @@ def evidence_claims(
             else ""
         ),
         f'- Versor (seed 004): "{SEED_VERSOR}" (the paper\'s own scale; no ± given). Here (Versor hidden '
-        f"searched up to {spec.versor_max_hidden}; {_versor_match(widths, 'nbody')}): N-body {nbody_key} "
+        f"searched up to {spec.versor_max_hidden}; {_versor_match(widths, 'nbody', split)}): N-body {nbody_key} "
         f"{_claim(verdicts, 'versor_hybrid', nbody_key, 'nbody')} "
-        f"(constant-velocity extrapolation: {cv}). Recall ({_versor_match(widths, 'mqar')}): MQAR "
+        f"(constant-velocity extrapolation: {cv}). Recall ({_versor_match(widths, 'mqar', split)}): MQAR "
         f"{_claim(verdicts, 'versor_hybrid', 'accuracy', 'mqar')}; the needle at the trained length "
         f"{_claim(verdicts, 'versor_hybrid', f'{NEEDLE}@1x', 'passkey')}.",
         "- ZPX (seed 000): the seed makes no performance claim; it prescribes a stepwise ablation (baseline, angle "
@@ -787,10 +804,9 @@ def write_evidence(
     lines += evidence_tables(done, cells, spec)
     family_lines, verdicts = family_verdicts(done, cells, spec)
     lines += family_lines
-    lines += evidence_claims(verdicts, spec, reference, widths) + [""]
-    tasks = sorted({c.task for c in cells})
+    parameter_lines, split = audit.parameter_markdown(widths, spec, sorted({c.task for c in cells}))
+    lines += evidence_claims(verdicts, spec, reference, widths, split) + [""]
     lines += audit.convergence_markdown(audit.convergence(done, cells, spec), spec)
-    parameter_lines, split = audit.parameter_markdown(widths, spec, tasks)
     compute = audit.compute_table(done, cells, spec, widths)
     lines += parameter_lines + audit.compute_markdown(compute) + audit.configurations_markdown(cells, spec)
     ranges = audit.lr_ranges(done, spec, reference)
