@@ -2,6 +2,7 @@
 validation, stage order, resume), per-example hits, provenance, and one tiny end-to-end run."""
 
 import ast
+import itertools
 import json
 import math
 from dataclasses import asdict
@@ -9,8 +10,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from benchmarks.evidence import models, plan, protocol, report, runs, stats, suite, tasks, training
+from benchmarks.evidence import (
+    audit,
+    lm_study,
+    models,
+    nbody,
+    plan,
+    protocol,
+    report,
+    runs,
+    stats,
+    suite,
+    tasks,
+    training,
+)
 from benchmarks.evidence.rows import append_row, provenance, read_rows
 from benchmarks.evidence.sizes import SIZES
 
@@ -23,7 +38,7 @@ EVIDENCE = SIZES["evidence"]
 # benchmarks/evidence/ bottom up (the package docstring's order): a module imports only modules before it here
 LAYERS = (
     *("protocol", "rows", "stats", "training", "nbody", "tasks"),
-    *("models", "runs", "sizes", "plan", "report", "suite"),
+    *("models", "runs", "sizes", "plan", "audit", "report", "suite"),
 )
 TOOLS = ("calibrate", "nbody_study", "pct_defaults", "lm_study", "__main__")  # entry points: nothing imports them
 
@@ -117,13 +132,85 @@ def test_welch_matches_scipy():
         assert ours["p"] == pytest.approx(ref.pvalue, rel=1e-8)
 
 
-def test_holm_by_hand():
-    # sorted 0.01, 0.02, 0.04 (x3, x2, x1) -> 0.03, 0.04, 0.04 (monotone); nan is left out of m
-    assert stats.holm([0.04, 0.01, math.nan, 0.02]) == pytest.approx([0.04, 0.03, math.nan, 0.04], nan_ok=True)
-    assert stats.holm([0.5, 0.6]) == [1.0, 1.0]
-    assert stats.verdict_word(0.1, 0.01, True) == "better"
-    assert stats.verdict_word(0.1, 0.01, False) == "worse"
-    assert stats.verdict_word(0.1, 0.2, True) == "within noise"
+def test_bonferroni_by_hand_and_the_verdict_is_the_corrected_intervals():
+    # m = 3 non-nan p-values: x3, capped at 1; nan is left out of m
+    assert stats.bonferroni([0.04, 0.01, math.nan, 0.5]) == pytest.approx([0.12, 0.03, math.nan, 1.0], nan_ok=True)
+    assert stats.verdict_word((0.01, 0.2), True) == "better"
+    assert stats.verdict_word((0.01, 0.2), False) == "worse"
+    assert stats.verdict_word((-0.2, -0.01), False) == "better"
+    assert stats.verdict_word((-0.01, 0.2), True) == "within noise"
+    assert stats.verdict_word((math.nan, math.nan), True) == "not tested"
+    # one rule: the interval at 1 - alpha / m excludes 0 exactly when the Bonferroni-corrected Welch p is below alpha
+    rng = np.random.default_rng(7)
+    agree = {True: 0, False: 0}
+    for trial in range(400):
+        na, nb, m = int(rng.integers(2, 6)), int(rng.integers(2, 6)), int(rng.integers(1, 30))
+        a, b = rng.normal(0, 1, na), rng.normal(rng.choice([0.0, 1.0, 3.0]), rng.choice([0.3, 1.0, 2.0]), nb)
+        lo, hi = stats.welch_interval(a, b, 1 - stats.ALPHA / m)
+        corrected = stats.bonferroni([stats.welch(a, b)["p"]] * m)[0]
+        excludes = not lo <= 0 <= hi
+        assert excludes == (corrected < stats.ALPHA), (trial, a, b, m)
+        agree[excludes] += 1
+    assert min(agree.values()) > 40  # both outcomes occur, so the property was exercised both ways
+
+
+def test_welch_interval_matches_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(5)
+    for na, nb, level in [(2, 4, 0.998), (4, 4, 0.99), (5, 3, 0.95), (30, 9, 0.5)]:
+        a, b = rng.normal(0, 1, na), rng.normal(1, 2, nb)
+        ref = scipy_stats.ttest_ind(a, b, equal_var=False).confidence_interval(level)
+        assert stats.welch_interval(a, b, level) == pytest.approx((ref.low, ref.high), rel=1e-9)
+        assert stats.t_critical(3.7, level) == pytest.approx(scipy_stats.t.ppf(0.5 + level / 2, 3.7), rel=1e-10)
+    assert all(math.isnan(x) for x in stats.welch_interval([1.0, 1.0], [2.0, 2.0], 0.95))  # no variance: no interval
+
+
+def _brute_force_p(a, b, statistic):
+    """Two-sided p over every ordering of the pooled values (n! label assignments, each split counted equally
+    often): an enumeration independent of the tests' combinations."""
+    pooled, na = [*a, *b], len(a)
+    observed = abs(statistic(a, b))
+    extreme = [abs(statistic(p[:na], p[na:])) >= observed - 1e-12 for p in itertools.permutations(pooled)]
+    return sum(extreme) / len(extreme)
+
+
+def test_exact_permutation_and_mann_whitney_tests_match_brute_force_and_scipy():
+    def mean_gap(x, y):
+        return np.mean(x) - np.mean(y)
+
+    def u_gap(x, y):
+        ranks = stats.midranks([*x, *y])
+        return ranks[: len(x)].sum() - len(x) * (len(x) + 1) / 2 - len(x) * len(y) / 2
+
+    cases = [
+        ([0.99, 1.0, 0.99, 0.997], [0.904, 0.943, 0.882, 0.29]),  # bimodal MQAR-like outcomes, ties inside a
+        ([1.0, 2.0, 2.0], [2.0, 3.0, 5.0, 0.5]),  # ties across the groups
+        ([0.3, 0.1], [0.2, 0.5, 0.4]),
+    ]
+    for a, b in cases:
+        assert stats.permutation_test(a, b)["p"] == pytest.approx(_brute_force_p(a, b, mean_gap), abs=1e-12)
+        assert stats.mann_whitney_exact(a, b)["p"] == pytest.approx(_brute_force_p(a, b, u_gap), abs=1e-12)
+    assert stats.midranks([3.0, 1.0, 3.0, 2.0]).tolist() == [3.5, 1.0, 3.5, 2.0]
+    # the smallest attainable p: two extreme splits of C(na + nb, na)
+    assert stats.permutation_test([1, 2, 3, 4], [5, 6, 7, 8])["min_p"] == pytest.approx(2 / 70)
+    assert stats.mann_whitney_exact([1, 2, 3, 4], [5, 6, 7, 8]) == {
+        "p": 2 / 70,
+        "min_p": 2 / 70,
+        "splits": 70,
+        "u": 0.0,
+    }
+    assert stats.mann_whitney_exact([1, 2], [3, 4, 5, 6])["min_p"] == pytest.approx(2 / 15)
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(11)
+    for na, nb in [(4, 4), (5, 5), (2, 4), (3, 6)]:  # no ties: scipy's exact distribution is the reference
+        a, b = rng.normal(0, 1, na), rng.normal(0.8, 1, nb)
+        ref = scipy_stats.mannwhitneyu(a, b, method="exact")
+        ours = stats.mann_whitney_exact(a, b)
+        assert ours["u"] == ref.statistic and ours["p"] == pytest.approx(ref.pvalue, rel=1e-12)
+        perm = scipy_stats.permutation_test(
+            (a, b), lambda x, y: np.mean(x) - np.mean(y), permutation_type="independent", n_resamples=np.inf
+        )
+        assert stats.permutation_test(a, b)["p"] == pytest.approx(perm.pvalue, rel=1e-12)
 
 
 def test_bits_round_trip_and_bootstrap_interval():
@@ -172,7 +259,34 @@ def test_stage_one_then_selection_on_validation_then_the_other_seeds():
     assert jobs == [("baseline", "mqar", s, 1e-3) for s in range(1, 5)]
     rows += [_row("baseline", "mqar", s, 1e-3, 0.9, accuracy=0.9) for s in range(1, 5)]
     assert plan.runnable([cell], _done(rows), EVIDENCE) == []
-    assert [r["seed"] for r in plan.cell_seed_rows(cell, _done(rows), EVIDENCE)] == [0, 1, 2, 3, 4]  # seed 0 reused
+    # the selection seed won the selection (biased upwards): never reported, whatever its value
+    assert [r["seed"] for r in plan.reported_rows(cell, _done(rows), EVIDENCE)] == [1, 2, 3, 4]
+    assert not plan.select(cell, _done(rows), EVIDENCE)["edge"]
+    assert cell in plan.progress([cell], _done(rows), EVIDENCE)["complete"]
+
+
+def test_an_edge_pick_widens_the_grid_by_the_next_half_decade_before_the_reported_seeds():
+    cell = plan.Cell("baseline", "mqar", 5, 0)
+    rows = [_row("baseline", "mqar", 0, lr, v) for lr, v in zip(EVIDENCE.lrs, (0.5, 0.8, 0.9))]
+    chosen = plan.select(cell, _done(rows), EVIDENCE)
+    assert chosen["lr"] == 3e-3 and chosen["edge"] and chosen["widen"] == [1e-2] and not chosen["final"]
+    assert plan.runnable([cell], _done(rows), EVIDENCE) == [("baseline", "mqar", 0, 1e-2)]  # no stage 2 yet
+    # rows that ran at the edge pick before the rule stay reported, marked by `edge`
+    early = rows + [_row("baseline", "mqar", s, 3e-3, 0.9, accuracy=0.9) for s in range(1, 5)]
+    assert [r["seed"] for r in plan.reported_rows(cell, _done(early), EVIDENCE)] == [1, 2, 3, 4]
+    assert cell not in plan.progress([cell], _done(early), EVIDENCE)["complete"]
+    # the widened lr is worse: the pick is interior and final; better: the grid widens again
+    worse = rows + [_row("baseline", "mqar", 0, 1e-2, 0.3)]
+    chosen = plan.select(cell, _done(worse), EVIDENCE)
+    assert (chosen["lr"], chosen["edge"], chosen["final"]) == (3e-3, False, True)
+    assert plan.runnable([cell], _done(worse), EVIDENCE) == [("baseline", "mqar", s, 3e-3) for s in range(1, 5)]
+    better = rows + [_row("baseline", "mqar", 0, 1e-2, 0.95)]
+    assert plan.select(cell, _done(better), EVIDENCE)["widen"] == [3e-2]
+    # the low edge widens downwards; the LM study selects with the same helper
+    low = [_row("baseline", "mqar", 0, lr, v) for lr, v in zip(EVIDENCE.lrs, (0.9, 0.8, 0.5))]
+    assert plan.select(cell, _done(low), EVIDENCE)["widen"] == [1e-4]
+    assert protocol.widen_grid(lm_study.LR_START, {3e-4: 3.0, 1e-3: 2.0, 3e-3: 2.5}.get)["pick"] == 1e-3
+    assert "widen_grid(" in (BENCH / "evidence" / "lm_study.py").read_text()
 
 
 def test_lower_is_better_failed_runs_excluded_and_nbody_falls_back_to_test_loudly():
@@ -228,9 +342,9 @@ def test_headline_cells_run_first_and_stage_two_before_later_stage_one():
     assert {c.name for c in cells if c.task == "mqar"} >= {"zpx_angle", "zpx_angle_sphere", "zpx_center", "zpx_full"}
     first = plan.runnable(cells, {}, EVIDENCE)
     assert first[0] == ("baseline", "mqar", 0, 3e-4) and all(j[2] == 0 for j in first)
-    rows = [_row("baseline", "mqar", 0, lr, 0.9) for lr in EVIDENCE.lrs]
+    rows = [_row("baseline", "mqar", 0, lr, v) for lr, v in zip(EVIDENCE.lrs, (0.5, 0.9, 0.8))]
     nxt = plan.runnable(cells, _done(rows), EVIDENCE)
-    assert nxt[:4] == [("baseline", "mqar", s, 3e-4) for s in range(1, 5)]
+    assert nxt[:4] == [("baseline", "mqar", s, 1e-3) for s in range(1, 5)]
 
 
 def test_resume_ignores_rows_of_another_protocol_budget_or_variant_revision(tmp_path):
@@ -320,21 +434,22 @@ def test_a_tiny_evidence_run_selects_records_provenance_and_reports(tmp_path):
     argv = ["--size", "evidence_smoke", "--tasks", "mqar", "--variants", "baseline", "--output", str(tmp_path)]
     suite.main(argv)
     rows = read_rows(tmp_path / "ablation_evidence_smoke.jsonl")
-    assert len(rows) == 3 + 1  # seed 0 at three lrs, then seed 1 at the selected one
-    assert {r["lr"] for r in rows[:3]} == set(SIZES["evidence_smoke"].lrs)
+    selection, reported = [r for r in rows if r["seed"] == 0], [r for r in rows if r["seed"] != 0]
+    # seed 0 at the three lrs (and the next half-decade beyond an edge pick), then seed 1 at the selected one
+    assert len(reported) == 1 and set(SIZES["evidence_smoke"].lrs) <= {r["lr"] for r in selection}
     for r in rows:
         assert r["status"] == "ok", r.get("traceback")
         assert {"commit", "dirty", "config_hash", "protocol", "budget", "lr", "seed", "flops_per_step"} <= set(r)
         assert [s for s, _ in r["val_curve"]] == [4, 8, 16]
         assert r["train_flops"] == r["flops_per_step"] * 16
-    best = max(rows[:3], key=lambda r: (r["val_accuracy"], -rows.index(r)))
-    assert rows[3]["lr"] == best["lr"] and rows[3]["seed"] == 1
+    best = max(selection, key=lambda r: (r["val_accuracy"], -r["lr"]))  # ties: the lower lr
+    assert reported[0]["lr"] == best["lr"] and reported[0]["seed"] == 1
     assert len({r["config_hash"] for r in rows}) == 1
     text = (tmp_path / "ablation_evidence_smoke.md").read_text()
-    assert "**Progress: 4 of 4 planned runs done" in text
+    assert f"**Progress: {len(rows)} of {len(rows)} planned runs done" in text
     assert "### Superseded protocols" in text
     suite.main(argv)  # resume: nothing left to run
-    assert len(read_rows(tmp_path / "ablation_evidence_smoke.jsonl")) == 4
+    assert len(read_rows(tmp_path / "ablation_evidence_smoke.jsonl")) == len(rows)
 
 
 def _mqar_rows(variant, accuracies, lr=1e-3):
@@ -347,35 +462,63 @@ def _mqar_rows(variant, accuracies, lr=1e-3):
     return rows
 
 
-def test_report_verdicts_follow_the_holm_corrected_test(tmp_path):
-    cells = [plan.Cell(v, "mqar", 5, 0) for v in ("baseline", "zpx_full", "softmax_srpe")]
-    rows = _mqar_rows("baseline", [0.90, 0.91, 0.89, 0.90, 0.92])
-    rows += _mqar_rows("zpx_full", [0.97, 0.98, 0.97, 0.99, 0.98])  # far above: better after Holm
-    rows += _mqar_rows("softmax_srpe", [0.88, 0.93, 0.90, 0.91, 0.89])  # overlapping: within noise
-    for v in ("baseline", "zpx_full", "softmax_srpe"):  # the other lrs of stage 1, worse on validation
+def test_report_verdicts_are_by_claim_family_on_the_reported_seeds(tmp_path):
+    cells = [plan.Cell(v, "mqar", 5, 0) for v in ("baseline", "zpx_full", "zpx_angle", "softmax_srpe")]
+    rows = _mqar_rows("baseline", [0.99, 0.90, 0.91, 0.89, 0.92])  # seed 0 (the selection's winner) not reported
+    rows += _mqar_rows("zpx_full", [0.5, 0.97, 0.98, 0.97, 0.99])  # far above: better
+    rows += _mqar_rows("zpx_angle", [0.5, 0.93, 0.91, 0.89, 0.90])  # overlapping: within noise
+    rows += _mqar_rows("softmax_srpe", [0.5, 0.88, 0.93, 0.95, 0.86])
+    for v in ("baseline", "zpx_full", "zpx_angle", "softmax_srpe"):  # the other lrs of stage 1, worse on validation
         rows += [_row(v, "mqar", 0, lr, 0.1) for lr in (3e-4, 3e-3)]
     meta = {"command": "c", "date": "d", "machine": "m"}
     text = report.write_evidence(_done(rows), cells, EVIDENCE, {}, meta, [], None, tmp_path / "e", figures=False)
-    head = report.EVIDENCE_TABLES[0][0]
     verdicts = json.loads((tmp_path / "e.json").read_text())["verdicts"]
-    better = verdicts[f"{head}|zpx_full|accuracy|mqar"]
-    noise = verdicts[f"{head}|softmax_srpe|accuracy|mqar"]
-    assert better["verdict"] == "better" and better["p_holm"] < 0.05
-    assert noise["verdict"] == "within noise" and noise["p_holm"] >= 0.05
-    # Holm over the table's two comparisons: the smaller p doubled, the larger one at least that
-    raw = sorted(
-        stats.welch(
-            [r["accuracy"] for r in rows if r["variant"] == v and r["lr"] == 1e-3],
-            [r["accuracy"] for r in rows if r["variant"] == "baseline" and r["lr"] == 1e-3],
-        )["p"]
-        for v in ("zpx_full", "softmax_srpe")
-    )
-    assert better["p_holm"] == pytest.approx(min(1.0, 2 * raw[0]))
-    lo, hi = better["ci"]
-    assert lo < 0.076 < hi  # the true gap 0.978 - 0.904
-    assert "| ZPX angle+sphere + centre loss, SRPE | better (Holm p" in text
-    assert "**Progress: 21 of 21 planned runs done" in text  # 3 variants x (3 lrs + 4 seeds)
+    better, noise = verdicts["zpx_full|accuracy|mqar"], verdicts["zpx_angle|accuracy|mqar"]
+    accuracy = {
+        v: [r["accuracy"] for r in rows if r["variant"] == v and r["lr"] == 1e-3] for v in ("baseline", "zpx_full")
+    }
+    assert better["diff"] == pytest.approx(np.mean(accuracy["zpx_full"][1:]) - np.mean(accuracy["baseline"][1:]))
+    assert better["n"] == [4, 4] and better["family"] == noise["family"] == "zpx_ladder" and better["m"] == 2
+    # Bonferroni over the family's two tests; the verdict is the corrected interval's
+    raw = stats.welch(accuracy["zpx_full"][1:], accuracy["baseline"][1:])["p"]
+    assert better["p_adjusted"] == pytest.approx(min(1.0, 2 * raw)) and better["level"] == 1 - 0.05 / 2
+    assert better["verdict"] == "better" and better["ci"][0] > 0
+    interval = stats.welch_interval(accuracy["zpx_full"][1:], accuracy["baseline"][1:], 1 - 0.05 / 2)
+    assert better["ci"] == pytest.approx(list(interval), rel=1e-12)
+    assert noise["verdict"] == "within noise" and noise["ci"][0] <= 0 <= noise["ci"][1]
+    for r in verdicts.values():  # one rule: never an interval excluding 0 beside "within noise"
+        if r["status"] == "tested":
+            assert (r["verdict"] != "within noise") == (not r["ci"][0] <= 0 <= r["ci"][1]) == (r["p_adjusted"] < 0.05)
+    # SRPE is its own claim's family (m = 1), the exact tests beside Welch with their smallest p
+    srpe = verdicts["softmax_srpe|accuracy|mqar"]
+    assert srpe["family"] == "srpe" and srpe["m"] == 1 and srpe["min_p_perm"] == pytest.approx(2 / 70)
+    assert text.index("### Comparison families") < text.index("### Headline") < text.index("### Verdicts by claim")
+    assert "No exact test in this family can pass its correction" in text  # 2/70 x 2 > 0.05
+    assert "**Progress: 28 of 28 planned runs done" in text  # 4 variants x (3 lrs + 4 seeds)
     assert "zpx_full @ lr 0.001" in text
+
+
+def test_degenerate_and_duplicate_comparisons_are_reported_not_tested(tmp_path):
+    cells = [plan.Cell(v, "nbody", 3, 0) for v in ("baseline", "pct", "pct_tuned")]
+    rows = []
+    for variant in ("baseline", *plan.members("pct_tuned")):
+        for lr, value in zip(EVIDENCE.lrs, (0.3, 0.1, 0.2)):
+            rows.append(_row(variant, "nbody", 0, lr, value if variant != "pct" else value / 2))
+    for seed, (base, pct) in enumerate([(0.2, 0.1), (0.21, 0.12)], start=1):
+        rows.append(_row("baseline", "nbody", seed, 1e-3, 0.1, position_mse=base, energy_drift=0.4))
+        rows.append(_row("pct", "nbody", seed, 1e-3, 0.05, position_mse=pct, energy_drift=0.3))
+    lines, verdicts = report.family_verdicts(_done(rows), cells, EVIDENCE)
+    # pct_tuned selected pct@1e-3: the same runs, tested once (in pct's comparison)
+    assert verdicts["pct|position_mse|nbody"]["status"] == "tested"
+    assert verdicts["pct_tuned|position_mse|nbody"]["status"].startswith("same runs as PCT")
+    # energy drift equal in every seed on both sides: degenerate, not tested; m counts the tested one only
+    assert verdicts["pct|energy_drift|nbody"]["status"].startswith("degenerate: no variance")
+    assert verdicts["pct|position_mse|nbody"]["m"] == 1
+    assert "not run" in verdicts["pct|onestep_position_mse|nbody"]["status"]
+    assert any("2 vs 2" in line and "degenerate: no variance" in line for line in lines)
+    # every declared comparison is in exactly one family
+    declared = [c for f in plan.comparison_families(EVIDENCE) for c in f.comparisons]
+    assert len(declared) == len(set(declared)) and ("pct_tuned", "nbody", "position_mse") in declared
 
 
 def test_a_cell_too_small_for_its_digits_prints_in_scientific_notation():
@@ -384,10 +527,13 @@ def test_a_cell_too_small_for_its_digits_prints_in_scientific_notation():
     rows = [{"position_mse": v} for v in (0.0071, 0.0075)]
     assert report._cell_text(rows, "position_mse", 4, 2, None) == "0.0073 ± 0.0003"
     # a gap below 0.01 keeps two significant digits instead of rounding to -0.001 [-0.002, -0.001]
-    assert report._delta_text({"diff": -0.0015, "ci": (-0.0021, -0.0009)}) == "Δ -1.5e-03 [-2.1e-03, -9.0e-04]"
-    assert report._delta_text({"diff": 0.186, "ci": (0.030, 0.450)}) == "Δ +0.186 [+0.030, +0.450]"
+    gap = {"diff": -0.0015, "ci": (-0.0021, -0.0009), "level": 0.99}
+    assert report._delta_text(gap) == "Δ -1.5e-03 [-2.1e-03, -9.0e-04] at 99.00%"
+    assert (
+        report._delta_text({"diff": 0.186, "ci": (0.030, 0.450), "level": 0.995})
+        == "Δ +0.186 [+0.030, +0.450] at 99.50%"
+    )
     assert report._delta_text({"diff": -0.08998}) == "Δ -0.090"
-    assert report._delta_text({"diff": math.nan, "ci": (-0.003, 0.044)}) == "Δ n/a [-0.003, +0.044]"
 
 
 # ---- LRA ListOps ------------------------------------------------------------------------------------------------
@@ -450,7 +596,12 @@ def test_the_versor_claim_says_where_versor_is_not_parameter_matched():
     }
     line = next(x for x in report.evidence_claims({}, EVIDENCE, None, widths) if x.startswith("- Versor"))
     assert "NOT parameter-matched: Versor at its width cap (hidden 512) has 233,646 vs the baseline's 409,982" in line
-    assert "Recall (parameter-matched, 468,624 vs the baseline's 468,704 parameters): MQAR undecided" in line
+    assert (
+        "Recall (parameter-matched on the total, 468,624 vs the baseline's 468,704 parameters): MQAR undecided" in line
+    )
+    split = {"versor_hybrid/mqar": {"body": 202_384}, "baseline/mqar": {"body": 402_144}}
+    line = next(x for x in report.evidence_claims({}, EVIDENCE, None, widths, split) if x.startswith("- Versor"))
+    assert "468,704 parameters; bodies 202,384 vs 402,144 without embeddings and heads): MQAR" in line
     assert "parameter counts not recorded" in report.evidence_claims({}, EVIDENCE, None)[-2]
 
 
@@ -468,8 +619,8 @@ def test_nbody_references_say_when_no_model_infers_the_hidden_velocity(monkeypat
     }
     cells = [plan.Cell("baseline", "nbody", 2, 0), plan.Cell("versor_hybrid", "nbody", 2, 0)]
 
-    def seed_rows(rows_by_cell):  # the cells' seed rows as plan.cell_seed_rows would select them
-        monkeypatch.setattr(plan, "cell_seed_rows", lambda cell, done, spec: rows_by_cell[cell.name])
+    def seed_rows(rows_by_cell):  # the cells' seed rows as plan.reported_rows would select them
+        monkeypatch.setattr(plan, "reported_rows", lambda cell, done, spec: rows_by_cell[cell.name])
 
     stuck = {
         "baseline": [{"hidden_velocity_position_mse": 0.0286}] * 2,
@@ -527,8 +678,112 @@ def test_a_needle_column_no_variant_learned_is_named_and_its_claims_say_so():
     other = {"key": "accuracy", "label": "MQAR acc", "higher": True}
     assert report.learned_nothing_columns({("baseline", "mqar"): rows(guess)}, [("mqar", other)]) == {}
 
-    verdict = {"verdict": "within noise", "p_holm": 1.0, "diff": 0.0, "ci": (-0.02, 0.02), "n": (2, 2)}
-    key = "t|pct|passkey_digit_acc@1x|passkey_long"
-    assert "no variant learned" not in report._claim({key: verdict}, "t", "pct", column["key"], "passkey_long")
-    flagged = report._claim({key: {**verdict, "learned_nothing": True}}, "t", "pct", column["key"], "passkey_long")
-    assert flagged.endswith("— but no variant learned this task, the baseline included")
+    # such a column is degenerate: reported as such, never tested
+    cells = [plan.Cell(v, "passkey_long", 3, 3) for v in ("baseline", "pct")]
+    rows = [_row(v, "passkey_long", 0, lr, 0.1) for v in ("baseline", "pct") for lr in EVIDENCE.lrs]
+    for v in ("baseline", "pct"):
+        rows += [
+            _row(v, "passkey_long", s, 3e-4, 0.1, **{"passkey_digit_acc@1x": 0.1 + s / 100, "passkey_bits@1x": b})
+            for s, b in {1: "00a0", 2: "0a00"}.items()
+        ]
+    verdicts = report.family_verdicts(_done(rows), cells, EVIDENCE)[1]
+    assert verdicts["pct|passkey_digit_acc@1x|passkey_long"]["status"].startswith("degenerate: no model learned")
+    claim = report._claim(verdicts, "pct", column["key"], "passkey_long")
+    assert claim.startswith("not tested (degenerate: no model learned")
+
+
+# ---- what the rows say about the protocol (audit) ----------------------------------------------------------------
+
+
+def test_convergence_names_a_budget_that_measures_speed_of_learning():
+    cells = [plan.Cell(v, "mqar", 3, 0) for v in ("baseline", "zpx_full")]
+    rows = [_row(v, "mqar", 0, lr, x) for v in ("baseline", "zpx_full") for lr, x in zip(EVIDENCE.lrs, (0.5, 0.9, 0.8))]
+    rows += [_row("baseline", "mqar", s, 1e-3, 0.9, final_train_loss=x) for s, x in ((1, 0.03), (2, 0.29))]
+    rows += [_row("zpx_full", "mqar", s, 1e-3, 0.9, final_train_loss=x) for s, x in ((1, 0.01), (2, 0.10))]
+    entries = audit.convergence(_done(rows), cells, EVIDENCE)
+    assert [(e["cell"], e["converged"], e["seeds"]) for e in entries] == [("baseline", 1, 2), ("zpx_full", 2, 2)]
+    assert math.isclose(audit.CONVERGED_LOSS, -math.log(0.9))  # the answers' likelihood at the recall bar
+    text = "\n".join(audit.convergence_markdown(entries, EVIDENCE))
+    assert "**mqar at 300 steps measures speed of learning**: 1 of 4 reported runs did not converge" in text
+    assert "1 of 2 cells converged in every seed" in text
+    table = "\n".join(report.evidence_tables(_done(rows), cells, EVIDENCE))  # said under the values as well
+    assert "mqar: 1 of 4 reported runs did not converge in 300 steps (final training loss > 0.105)" in table
+    done = [r for r in rows if r.get("final_train_loss", 0) != 0.29]
+    done.append(_row("baseline", "mqar", 2, 1e-3, 0.9, final_train_loss=0.05))
+    assert "speed of learning" not in "\n".join(
+        audit.convergence_markdown(audit.convergence(_done(done), cells, EVIDENCE), EVIDENCE)
+    )
+
+
+def test_body_parameters_exclude_embedding_and_head_and_nbody_flops_match_its_training_step():
+    spec = SIZES["evidence_smoke"]
+    widths = models.width_table(spec, ["baseline", "versor_hybrid"], ["mqar", "nbody"], 0.1)
+    for key in ("baseline/mqar", "versor_hybrid/mqar"):
+        variant, task = key.split("/")
+        split = audit.parameter_split(variant, widths[key], task, spec)
+        torch.manual_seed(0)
+        model = models.build_model(
+            variant, widths[key], spec.layers, spec.heads, tasks.io_shape(task, spec.budgets[task], spec)
+        )
+        named = dict(model.named_parameters())
+        vocab_sized = {n: p.numel() for n, p in named.items() if p.shape[0] == 260}  # token embedding, LM head
+        assert split["total"] == sum(p.numel() for p in named.values()) == widths[key]["params"]
+        assert split["embedding"] + split["head"] == sum(vocab_sized.values()) and len(vocab_sized) == 2
+        assert split["body"] == split["total"] - sum(vocab_sized.values())
+    regressor = audit.parameter_split("baseline", widths["baseline/nbody"], "nbody", spec)
+    assert regressor["body"] == audit.parameter_split("baseline", widths["baseline/mqar"], "mqar", spec)["body"]
+    # the derived N-body FLOPs are those of the suite's own training step (its data, normaliser and loss)
+    budget = spec.budgets["nbody"]
+    torch.manual_seed(0)
+    model = models.build_model(
+        "baseline", widths["baseline/nbody"], spec.layers, spec.heads, tasks.io_shape("nbody", budget, spec)
+    )
+    train = torch.tensor(nbody.nbody_data(budget.params, 1, budget.params["train_trajectories"])["states"])
+    norm = nbody.Normaliser(train, budget.params.get("target", "delta"))
+    real = runs.step_flops(model, nbody.training_loss(model, train, norm, budget, 1, "cpu"))
+    assert real > 0 and audit.nbody_step_flops("baseline", widths["baseline/nbody"], spec) == real
+
+
+def test_compute_matched_reads_the_variant_at_the_baselines_total_flops():
+    cells = [plan.Cell(v, "mqar", 2, 0) for v in ("baseline", "pct")]
+    rows = [_row(v, "mqar", 0, lr, x) for v in ("baseline", "pct") for lr, x in zip(EVIDENCE.lrs, (0.5, 0.9, 0.8))]
+    rows.append(_row("baseline", "mqar", 1, 1e-3, 0.9, flops_per_step=100, val_curve=[[150, 0.2], [300, 0.6]]))
+    rows.append(_row("pct", "mqar", 1, 1e-3, 0.9, flops_per_step=200, val_curve=[[75, 0.1], [150, 0.3], [300, 0.7]]))
+    entries = {e["cell"]: e for e in audit.compute_table(_done(rows), cells, EVIDENCE, {})}
+    pct = entries["pct"]
+    assert (pct["ratio"], pct["total"], entries["baseline"]["total"]) == (2.0, 200 * 300, 100 * 300)
+    # the baseline's 300 steps of FLOPs buy PCT 150 steps: its curve there, beside the baseline's end
+    assert pct["matched"] == {"step": 150.0, "variant": 0.3, "baseline": 0.6, "baseline_step": 300, "variant_end": 0.7}
+    rows[-1]["flops_per_step"] = 160  # 187.5 steps: interpolated between 150 and 300
+    pct = {e["cell"]: e for e in audit.compute_table(_done(rows), cells, EVIDENCE, {})}["pct"]
+    assert pct["matched"]["variant"] == pytest.approx(0.3 + 0.4 * 37.5 / 150)
+    assert "0.400 at step 188 vs the baseline's 0.600 at 300" in "\n".join(audit.compute_markdown([pct]))
+
+
+def test_lr_ranges_use_the_copy_floor_and_constant_velocity_and_are_written_to_cite(tmp_path):
+    floor = audit.task_floor("mqar", EVIDENCE)
+    assert floor == pytest.approx(1 / 4 + (3 / 4) / 26)  # 4 pairs: copying a context value, not 1/26
+    tokens = EVIDENCE.val_examples * 8
+    above = floor + 3.2 * math.sqrt(floor * (1 - floor) / tokens)  # just above the floor's 3 standard errors
+    at = floor + 2.8 * math.sqrt(floor * (1 - floor) / tokens)
+    rows = [_row("zpx_full", "mqar", 0, lr, x, shape=[512, 8]) for lr, x in zip(EVIDENCE.lrs, (at, above, 0.95))]
+    rows += [_row("baseline", "mqar", 0, lr, x, shape=[512, 8]) for lr, x in zip(EVIDENCE.lrs, (0.95, 0.92, 0.5))]
+    reference = {"val_const_velocity_position_mse": 0.008}
+    rows += [_row("pct", "nbody", 0, lr, x) for lr, x in zip(EVIDENCE.lrs, (0.009, 0.007, 0.006))]
+    entries = {(e["variant"], e["task"]): e for e in audit.lr_ranges(_done(rows), EVIDENCE, reference)}
+    zpx = entries[("zpx_full", "mqar")]
+    assert [r["verdict"] for r in zpx["runs"]] == ["at the floor", "above the floor, below the bar", "learned"]
+    assert (zpx["range"], zpx["above"]) == ([3e-3], [1e-3, 3e-3])
+    assert entries[("pct", "nbody")]["range"] == [1e-3, 3e-3]
+    text = "\n".join(audit.lr_range_markdown(list(entries.values()), EVIDENCE, reference))
+    assert "zpx_full on mqar (not at 0.0003, 0.001)" in text  # narrower than the baseline's, named
+    cells = [plan.Cell(v, "mqar", 2, 0) for v in ("baseline", "zpx_full")]
+    meta = {"command": "c", "date": "d", "machine": "m"}
+    report.write_evidence(_done(rows), cells, EVIDENCE, {}, meta, [], None, tmp_path / "e", figures=False)
+    cited = json.loads((tmp_path / "e_lr_ranges.json").read_text())
+    assert (
+        cited["zpx_full/mqar"]["range"] == [3e-3]
+        and "lr range that learns" in (tmp_path / "e_lr_ranges.md").read_text()
+    )
+    configurations = "\n".join(audit.configurations_markdown(plan.evidence_cells(["mqar"]), EVIDENCE))
+    assert "= 9 configurations against 3 for every other cell" in configurations and "were not tuned" in configurations

@@ -13,11 +13,13 @@ Run from the repository root:
     python -m benchmarks.evidence.lm_study                                # byte-level LM on the stdlib (issue 37)
 
 Evidence protocol (`--size evidence`, `evidence_smoke`, `full`; `plan`): every variant at every lr of the grid
-with seed 0, the best on a validation split (its own data seed) selected, then seeds 1 .. n-1 at that lr; test
-numbers at the selected setting with per-example hits in each row; validation curves at step checkpoints with
-training FLOPs; Welch + Holm and bootstrap verdicts (`stats`); every row records commit, dirty flag, config hash,
-lr, seed, protocol and budget fingerprint. Headline cells (MQAR, the needle at 80 tokens tested at 1-8x, N-body)
-run first with 5 seeds. Rows of other protocols stay listed as superseded.
+with seed 0, the best on a validation split (its own data seed) selected (a pick on the grid's edge widens the grid
+by the next half-decade lr first), then seeds 1 .. n-1 at that lr; only those are reported and tested (seed 0 only
+selects); test numbers at the selected setting with per-example hits in each row; validation curves at step
+checkpoints with training FLOPs; verdicts by claim family declared in the plan (Welch with its interval at the
+Bonferroni level, exact permutation and Mann-Whitney tests beside it; `stats`); every row records commit, dirty
+flag, config hash, lr, seed, protocol and budget fingerprint. Headline cells (MQAR, the needle at 80 tokens tested
+at 1-8x, N-body) run first with 5 seeds. Rows of other protocols stay listed as superseded.
 
 The superseded protocols (`--size small`, `medium`: one lr, verdicts by "mean gap beyond both stds") and their
 report code were removed with this package: the package and the N-body protocol changed since their runs, so the
@@ -41,6 +43,7 @@ the same protocol and task budget, so an interrupted suite resumes where it stop
 
 Modules, each importing only those above it: `protocol` (budgets, sizes, data seeds, selection metrics), `rows`
 (result jsonl, provenance), `stats`, `training` (the shared loop), `nbody` (the N-body task), `tasks` (token
-tasks), `models` (variants, parameter matching), `runs` (one job), `sizes`, `plan`, `report`, `suite` (the
-command line), and the tools `calibrate`, `nbody_study`, `pct_defaults`, `lm_study`.
+tasks), `models` (variants, parameter matching), `runs` (one job), `sizes`, `plan`, `audit` (convergence, body
+parameters, compute, configurations, lr ranges), `report`, `suite` (the command line), and the tools `calibrate`,
+`nbody_study`, `pct_defaults`, `lm_study`.
 """

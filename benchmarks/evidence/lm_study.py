@@ -60,7 +60,7 @@ from benchmarks.evidence.models import (
     family_of,
     match_width,
 )
-from benchmarks.evidence.protocol import TaskBudget
+from benchmarks.evidence.protocol import LR_LADDER, SELECT_SEED, TaskBudget, widen_grid
 from benchmarks.evidence.report import EVIDENCE_LABELS, markdown_table
 from benchmarks.evidence.rows import RESULTS, append_row, machine, provenance, read_rows
 from benchmarks.evidence.runs import config_hash, step_flops
@@ -77,9 +77,7 @@ SPLITS = ("train", "val", "test")
 SPLIT_FRACTIONS = {"val": 0.05, "test": 0.05}  # the rest trains
 SPLIT_SEED = 0
 TEST_FOLDERS = frozenset({"test", "tests", "idle_test"})
-SELECT_SEED = 0  # selects the lr; never tested, never reported
-LR_START = (3e-4, 1e-3, 3e-3)
-LR_LADDER = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # half-decade steps a grid widens along
+LR_START = (3e-4, 1e-3, 3e-3)  # widened along protocol.LR_LADDER; SELECT_SEED selects, never reported
 NGRAM_ORDERS = (3, 5)
 WAIT_SECONDS = 30  # a study with only claimed jobs left polls the rows this often
 
@@ -419,25 +417,14 @@ def val_value(row: dict[str, Any] | None) -> float:
 
 
 def selection(variant: str, done: dict[Job, dict[str, Any]]) -> dict[str, Any]:
-    """The lr grid of `variant` so far and its pick: the start grid, widened by the next ladder lr beyond an edge
-    pick until the pick is interior (or the ladder ends). `pick` is None while a grid run is missing."""
-    grid = list(LR_START)
-    while True:
-        missing = [lr for lr in grid if (variant, SELECT_SEED, lr) not in done]
-        if missing:
-            return {"grid": grid, "pick": None, "missing": missing, "edge": False}
-        values = [val_value(done[(variant, SELECT_SEED, lr)]) for lr in grid]
-        if not any(math.isfinite(v) for v in values):
-            return {"grid": grid, "pick": None, "missing": [], "edge": False, "failed": True}
-        pick = grid[int(np.argmin(values))]  # ties: the lower lr
-        index = LR_LADDER.index(pick)
-        if pick == grid[0] and index > 0:
-            grid.insert(0, LR_LADDER[index - 1])
-        elif pick == grid[-1] and index < len(LR_LADDER) - 1:
-            grid.append(LR_LADDER[index + 1])
-        else:
-            edge = pick in (grid[0], grid[-1])
-            return {"grid": grid, "pick": pick, "missing": [], "edge": edge, "values": dict(zip(grid, values))}
+    """The lr grid of `variant` so far and its pick (`protocol.widen_grid`: the start grid, widened by the next ladder
+    lr beyond an edge pick until the pick is interior or the ladder ends). `pick`: None while a grid run is missing."""
+
+    def value(lr: float) -> float | None:
+        job = (variant, SELECT_SEED, lr)
+        return val_value(done[job]) if job in done else None
+
+    return widen_grid(LR_START, value)
 
 
 def runnable(spec: LMSpec, done: dict[Job, dict[str, Any]]) -> list[Job]:

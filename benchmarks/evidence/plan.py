@@ -4,9 +4,12 @@ A cell is one table entry: a variant (or a tuned group such as `pct_tuned`, whos
 so a PCT scale option is one line in `models.VARIANTS`) on one task with a number of seeds. Its jobs
 are (variant, task, seed, lr):
 
-1. stage 1: seed 0 of every member at every lr of the grid;
-2. selection: the (member, lr) with the best validation metric (`protocol.SELECTION`) among the stage-1 runs;
-3. stage 2: seeds 1 .. n-1 at the selected (member, lr); the seed-0 run there is reused.
+1. stage 1: seed 0 (`protocol.SELECT_SEED`) of every member at every lr of the grid;
+2. selection: the (member, lr) with the best validation metric (`protocol.SELECTION`) among the stage-1 runs; a pick
+   on the grid's edge widens the grid by the next half-decade lr (`protocol.widen_grid`, the LM study's rule) and
+   stage 1 runs there, until the pick is interior;
+3. stage 2: seeds 1 .. n-1 at the selected (member, lr). Only these are reported and tested: the selection seed's
+   run won the selection, so its number is biased upwards (the winner's curse), and it is never reported.
 
 Jobs run in tier order (headline cells first), stage 2 before a later cell's stage 1, so an interrupted suite has
 complete cells rather than many partial ones. Pure functions of the rows: a rerun recomputes the same plan.
@@ -21,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from benchmarks.evidence.models import VARIANTS, base_variant, family_of, variant_revision
-from benchmarks.evidence.protocol import SELECTION, SizeSpec
+from benchmarks.evidence.protocol import SELECT_SEED, SELECTION, SizeSpec, widen_grid
 from benchmarks.evidence.tasks import task_seq_len
 
 Job = tuple[str, str, int, float]  # (variant, task, seed, lr)
@@ -82,6 +85,69 @@ def evidence_cells(
     return [c for c in plan if c.task in tasks and (variants is None or c.name in variants)]
 
 
+@dataclass(frozen=True)
+class Family:
+    """One claim's comparison family, declared here before the runs: each comparison is (variant, task, metric key)
+    against the baseline on the same task, and is in exactly one family. The family-wise error rate ALPHA holds per
+    family (Bonferroni over the comparisons it tests), so a test's p never depends on which table shows it."""
+
+    name: str
+    claim: str
+    comparisons: tuple[tuple[str, str, str], ...]
+
+
+NBODY_METRICS = ("position_mse", "energy_drift", "onestep_position_mse", "hidden_velocity_position_mse")
+NBODY_METRICS += ("mass10_position_mse",)
+
+
+def claim_metrics(task: str, spec: SizeSpec) -> tuple[str, ...]:
+    """The metric keys a task's comparisons test (its other row keys are reported, never tested)."""
+    if task == "passkey":
+        return tuple(f"passkey_digit_acc@{m}x" for m in spec.multiples(task))
+    if task == "passkey_long":
+        return ("passkey_digit_acc@1x",)
+    return NBODY_METRICS if task == "nbody" else ("accuracy",)
+
+
+def comparison_families(spec: SizeSpec) -> list[Family]:
+    """The claim families of the evidence plan (the report renders them before the results). A comparison whose cell
+    a size does not plan is left out of that size's family; a pair of comparisons that test the same runs (a tuned
+    group that selected its default member) is tested once."""
+
+    def over(variants: Sequence[str], tasks: Sequence[str]) -> tuple[tuple[str, str, str], ...]:
+        return tuple((v, t, k) for v in variants for t in tasks for k in claim_metrics(t, spec))
+
+    pct, ladder = ("pct", "pct_tuned"), (*LADDER, "zpx_full")
+    return [
+        Family(
+            "pct_needle",
+            "PCT retrieves the needle and extrapolates beyond its trained length; LRA (seed 003)",
+            over(pct, ("passkey", "passkey_long", "listops")),
+        ),
+        Family(
+            "pct_other",
+            "PCT on recall, physics and geometry beyond its seed's claim",
+            over(pct, ("mqar", "nbody", "spiral")),
+        ),
+        Family(
+            "versor_physics",
+            "Versor models N-body dynamics and geometry better (seed 004)",
+            over(("versor_hybrid",), ("nbody", "spiral")),
+        ),
+        Family("versor_recall", "Versor on recall (MQAR, the needle)", over(("versor_hybrid",), ("mqar", "passkey"))),
+        Family(
+            "zpx_ladder",
+            "Seed 000's ZPX ladder (angle, + sphere, + centre loss, + SRPE) against softmax attention",
+            over(ladder, ("mqar", "passkey", "spiral")) + over(("zpx_full",), ("nbody", "passkey_long", "listops")),
+        ),
+        Family(
+            "srpe",
+            "SRPE alone: softmax attention with SRPE instead of RoPE",
+            over(("softmax_srpe",), ("mqar", "passkey", "nbody", "spiral", "listops")),
+        ),
+    ]
+
+
 def row_lr(row: dict[str, Any], spec: SizeSpec) -> float:
     return float(row.get("lr", spec.budgets[row["task"]].lr))
 
@@ -118,41 +184,80 @@ def selection_value(row: dict[str, Any]) -> tuple[float, str]:
     return math.nan, "missing"
 
 
+def _selection(cell: Cell, done: dict[Job, dict[str, Any]], spec: SizeSpec) -> dict[str, Any]:
+    """`protocol.widen_grid` over the cell's lr grid, each lr scored by its best member's selection-seed run."""
+    _, higher = SELECTION[cell.task]
+
+    def value(lr: float) -> float | None:
+        jobs = [(m, cell.task, SELECT_SEED, lr) for m in members(cell.name)]
+        if any(job not in done for job in jobs):
+            return None
+        values = [selection_value(done[j])[0] if done[j].get("status") == "ok" else math.nan for j in jobs]
+        finite = [v for v in values if math.isfinite(v)]
+        return (-max(finite) if higher else min(finite)) if finite else math.nan
+
+    return widen_grid(spec.lr_grid(cell.task), value)
+
+
 def select(cell: Cell, done: dict[Job, dict[str, Any]], spec: SizeSpec) -> dict[str, Any] | None:
-    """The selected setting of a cell once all its stage-1 runs have finished (None before).
+    """The selected setting of a cell once its stage-1 runs of the start grid have finished (None before).
 
     Failed or non-finite runs are not candidates; when every candidate failed the cell has no selection and
-    `failed` is set. Ties go to the earlier member / lr in grid order."""
-    stage1 = [(m, cell.task, 0, lr) for m in members(cell.name) for lr in spec.lr_grid(cell.task)]
-    if any(job not in done for job in stage1):
-        return None
-    _, higher = SELECTION[cell.task]
-    candidates = []
-    for order, job in enumerate(stage1):
-        row = done[job]
-        value, source = selection_value(row) if row.get("status") == "ok" else (math.nan, "failed")
-        if math.isfinite(value):
-            candidates.append(((-value if higher else value), order, job, value, source))
+    `failed` is set. Ties go to the lower lr, then the earlier member. `edge`: the pick sits on the grid's edge
+    (the optimum may lie outside); `widen`: the lrs the widened grid still needs (the pick is provisional until they
+    have run: `final` false)."""
+    chosen = _selection(cell, done, spec)
+    stage1 = [(m, cell.task, SELECT_SEED, lr) for m in members(cell.name) for lr in chosen["grid"]]
     table = {
         f"{j[0]}@{j[3]:g}": selection_value(done[j])[0] if done[j].get("status") == "ok" else done[j].get("status")
         for j in stage1
+        if j in done
     }
-    if not candidates:
+    if chosen.get("failed"):
         return {"failed": True, "grid": table}
-    _, _, job, value, source = min(candidates)
-    return {"variant": job[0], "lr": job[3], "value": value, "source": source, "grid": table, "failed": False}
+    lr = chosen["pick"] if chosen["pick"] is not None else chosen["provisional"]
+    if lr is None:
+        return None
+    _, higher = SELECTION[cell.task]
+    candidates = []
+    for order, m in enumerate(members(cell.name)):
+        row = done[(m, cell.task, SELECT_SEED, lr)]
+        value, source = selection_value(row) if row.get("status") == "ok" else (math.nan, "failed")
+        if math.isfinite(value):
+            candidates.append(((-value if higher else value), order, m, value, source))
+    _, _, member, value, source = min(candidates)
+    return {
+        "variant": member,
+        "lr": lr,
+        "value": value,
+        "source": source,
+        "grid": table,
+        "failed": False,
+        "edge": chosen["edge"],
+        "widen": chosen["missing"],
+        "final": chosen["pick"] is not None,
+        "lrs": chosen["grid"],
+    }
 
 
 def cell_jobs(cell: Cell, done: dict[Job, dict[str, Any]], spec: SizeSpec) -> list[tuple[int, Job]]:
-    """(stage, job) of a cell that can run now: stage 1 always, stage 2 once the selection is known."""
+    """(stage, job) of a cell that can run now: stage 1 (the grid as widened so far) always, stage 2 once the
+    selection is final."""
     grid = spec.lr_grid(cell.task)
     if len(grid) == 1 and len(members(cell.name)) == 1:  # nothing to select: every seed is stage 1
         return [(1, (cell.name, cell.task, s, grid[0])) for s in range(cell.seeds)]
-    jobs = [(1, (m, cell.task, 0, lr)) for m in members(cell.name) for lr in grid]
+    jobs = [
+        (1, (m, cell.task, SELECT_SEED, lr)) for m in members(cell.name) for lr in _selection(cell, done, spec)["grid"]
+    ]
     chosen = select(cell, done, spec)
-    if chosen and not chosen["failed"]:
-        jobs += [(2, (chosen["variant"], cell.task, s, chosen["lr"])) for s in range(1, cell.seeds)]
+    if chosen and not chosen["failed"] and chosen["final"]:
+        jobs += [(2, (chosen["variant"], cell.task, s, chosen["lr"])) for s in reported_seeds(cell)]
     return jobs
+
+
+def reported_seeds(cell: Cell) -> range:
+    """The seeds a cell reports and tests: 1 .. n-1 (the selection seed never)."""
+    return range(SELECT_SEED + 1, cell.seeds)
 
 
 def runnable(cells: Sequence[Cell], done: dict[Job, dict[str, Any]], spec: SizeSpec) -> list[Job]:
@@ -162,7 +267,7 @@ def runnable(cells: Sequence[Cell], done: dict[Job, dict[str, Any]], spec: SizeS
     for index, cell in enumerate(cells):
         for stage, job in cell_jobs(cell, done, spec):
             if job not in done:
-                key = (cell.tier, -stage, index, job[2], spec.lr_grid(cell.task).index(job[3]))
+                key = (cell.tier, -stage, index, job[2], job[3])
                 keyed[job] = min(key, keyed.get(job, key))
     return sorted(keyed, key=keyed.__getitem__)
 
@@ -182,15 +287,17 @@ def planned_jobs(cells: Sequence[Cell], spec: SizeSpec) -> list[tuple[Cell, int,
     return out
 
 
-def cell_seed_rows(cell: Cell, done: dict[Job, dict[str, Any]], spec: SizeSpec) -> list[dict[str, Any]]:
-    """The finished rows of a cell at its selected setting (seed 0 .. n-1)."""
+def reported_rows(cell: Cell, done: dict[Job, dict[str, Any]], spec: SizeSpec) -> list[dict[str, Any]]:
+    """The finished rows a cell reports: seeds 1 .. n-1 at its selected setting (provisional while a widening run is
+    missing: `select`'s `final`). A size without a selection (one lr, one member) reports every seed."""
     chosen = select(cell, done, spec)
     grid = spec.lr_grid(cell.task)
+    seeds: range = reported_seeds(cell)
     if len(grid) == 1 and len(members(cell.name)) == 1:
-        chosen = {"variant": cell.name, "lr": grid[0], "failed": False}
+        chosen, seeds = {"variant": cell.name, "lr": grid[0], "failed": False}, range(cell.seeds)
     if not chosen or chosen["failed"]:
         return []
-    jobs = [(chosen["variant"], cell.task, s, chosen["lr"]) for s in range(cell.seeds)]
+    jobs = [(chosen["variant"], cell.task, s, chosen["lr"]) for s in seeds]
     return [done[j] for j in jobs if j in done and done[j].get("status") == "ok"]
 
 
@@ -267,11 +374,15 @@ __all__ = [
     "ATTENTION",
     "CORE",
     "Cell",
+    "Family",
     "HEADLINE_TASKS",
     "LADDER",
     "TUNED_GROUPS",
     "cell_jobs",
-    "cell_seed_rows",
+    "claim_metrics",
+    "comparison_families",
+    "reported_rows",
+    "reported_seeds",
     "estimate",
     "estimate_seconds",
     "evidence_cells",
@@ -287,20 +398,22 @@ __all__ = [
 
 
 def progress(cells: Sequence[Cell], done: dict[Job, dict[str, Any]], spec: SizeSpec) -> dict[str, Any]:
-    """Planned and finished runs (shared stage-1 runs once) and the cells complete at their selected setting."""
+    """Planned and finished runs (shared stage-1 runs once; the grids as widened so far) and the cells complete at
+    their final selected setting."""
     planned_keys: set[tuple] = set()
     finished: set[tuple] = set()
     complete = []
     for cell in cells:
         for m in members(cell.name):
-            for lr in spec.lr_grid(cell.task):
-                planned_keys.add((m, cell.task, 0, lr))
-                if (m, cell.task, 0, lr) in done:
-                    finished.add((m, cell.task, 0, lr))
-        rows = cell_seed_rows(cell, done, spec)
-        for s in range(1, cell.seeds):
+            for lr in _selection(cell, done, spec)["grid"]:
+                planned_keys.add((m, cell.task, SELECT_SEED, lr))
+                if (m, cell.task, SELECT_SEED, lr) in done:
+                    finished.add((m, cell.task, SELECT_SEED, lr))
+        rows = reported_rows(cell, done, spec)
+        for s in reported_seeds(cell):
             planned_keys.add((cell.name, cell.task, s))
-        finished.update((cell.name, cell.task, r["seed"]) for r in rows if r["seed"] > 0)
-        if len(rows) == cell.seeds:
+        finished.update((cell.name, cell.task, r["seed"]) for r in rows if r["seed"] != SELECT_SEED)
+        chosen = select(cell, done, spec)
+        if chosen and not chosen["failed"] and chosen["final"] and len(rows) == len(reported_seeds(cell)):
             complete.append(cell)
     return {"planned": len(planned_keys), "done": len(finished), "complete": complete}

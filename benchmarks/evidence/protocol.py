@@ -8,12 +8,60 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 EVAL_SEED = 10_000  # test data: the same for every training seed and variant
 
 VAL_SEED = 20_000  # validation data (lr selection, curves): its own seed, distinct from test and training seeds
+
+SELECT_SEED = 0  # the training seed of the lr-selection runs: never tested in a comparison, never reported
+LR_LADDER = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # half-decade steps an lr grid widens along
+
+
+def widen_grid(
+    start: Sequence[float], value: Callable[[float], float | None], ladder: Sequence[float] = LR_LADDER
+) -> dict:
+    """The lr grid as widened so far and its pick (the lowest `value`; negate a higher-is-better metric).
+
+    `value(lr)`: the selection run's metric, None while it has not run, non-finite for a failed run. A pick on the
+    grid's edge adds the next ladder lr beyond that edge, until the pick is interior or at the ladder's end (then
+    `edge` stays true: the optimum may lie outside). While a grid run is missing `pick` is None and `provisional`
+    is the pick of the last complete grid (None while a run of `start` is missing). Ties go to the lower lr."""
+    grid, provisional = sorted(start), None
+    while True:
+        missing = [lr for lr in grid if value(lr) is None]
+        if missing:
+            return {
+                "grid": grid,
+                "pick": None,
+                "missing": missing,
+                "edge": provisional is not None,
+                "provisional": provisional,
+            }
+        values = [float(value(lr)) for lr in grid]  # type: ignore[arg-type]
+        finite = [(v, i) for i, v in enumerate(values) if math.isfinite(v)]
+        if not finite:
+            return {"grid": grid, "pick": None, "missing": [], "edge": False, "provisional": None, "failed": True}
+        pick = grid[min(finite)[1]]
+        index = ladder.index(pick) if pick in ladder else None
+        if pick == grid[0] and index and len(grid) > 1:
+            grid.insert(0, ladder[index - 1])
+        elif pick == grid[-1] and index is not None and index < len(ladder) - 1 and len(grid) > 1:
+            grid.append(ladder[index + 1])
+        else:
+            edge = len(grid) > 1 and pick in (grid[0], grid[-1])
+            return {
+                "grid": grid,
+                "pick": pick,
+                "missing": [],
+                "edge": edge,
+                "provisional": None,
+                "values": dict(zip(grid, values)),
+            }
+        provisional = pick
 
 
 @dataclass(frozen=True)

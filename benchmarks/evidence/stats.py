@@ -1,5 +1,7 @@
-"""Statistics of the evidence suite: Welch's t-test, the exact permutation test, the Holm correction, a bootstrap
-over seeds x evaluation examples, and the compact per-example correctness bitstrings stored in the result rows.
+"""Statistics of the evidence suite: Welch's t-test and its interval, the exact permutation test on means and the
+exact Mann-Whitney test (each with the smallest p its sample sizes can give), the Bonferroni family correction that
+sets both the verdict and the interval's level, a bootstrap over seeds x evaluation examples, and the compact
+per-example correctness bitstrings stored in the result rows.
 
 Pure Python + numpy (no scipy at run time); tests/test_ablation_evidence.py checks the numbers against scipy
 where it is installed and against hand-computed values.
@@ -9,11 +11,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-ALPHA = 0.05  # family-wise error rate of a table (Holm)
+ALPHA = 0.05  # family-wise error rate of one claim's comparison family (Bonferroni)
+MAX_SPLITS = 2_000_000  # exact tests enumerate every split of the pooled sample; beyond this they refuse
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -72,16 +75,34 @@ def welch(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
     return {"t": t, "df": df, "p": t_two_sided_p(t, df), "diff": ma - mb}
 
 
-def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm-Bonferroni adjusted p-values (step-down, monotone, capped at 1); nan stays nan and is not counted."""
-    order = sorted((p, i) for i, p in enumerate(pvalues) if not math.isnan(p))
-    m = len(order)
-    adjusted = [math.nan] * len(pvalues)
-    running = 0.0
-    for rank, (p, i) in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p))
-        adjusted[i] = running
-    return adjusted
+def t_critical(df: float, level: float) -> float:
+    """The t with P(|T| >= t) = 1 - level for Student's t with `df` degrees of freedom (bisection on
+    `t_two_sided_p`, which falls monotonically in t)."""
+    lo, hi = 0.0, 1.0
+    while t_two_sided_p(hi, df) > 1.0 - level:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if t_two_sided_p(mid, df) > 1.0 - level else (lo, mid)
+    return hi
+
+
+def welch_interval(a: Sequence[float], b: Sequence[float], level: float) -> tuple[float, float]:
+    """Welch's interval of mean(a) - mean(b) at `level`: diff ± t_crit(df) * se. It excludes 0 exactly when Welch's
+    two-sided p is below 1 - level (the same t, df and se). nan with fewer than 2 values a side or no variance."""
+    r = welch(a, b)
+    if math.isnan(r["t"]):
+        return math.nan, math.nan
+    se = math.sqrt(float(np.var(a, ddof=1)) / len(a) + float(np.var(b, ddof=1)) / len(b))
+    half = t_critical(r["df"], level) * se
+    return r["diff"] - half, r["diff"] + half
+
+
+def bonferroni(pvalues: Sequence[float]) -> list[float]:
+    """Bonferroni-adjusted p-values min(1, m p) over the m non-nan p-values (nan stays nan, not counted). Its
+    verdict at alpha is the verdict of the 1 - alpha / m interval (`welch_interval`), so the two never disagree."""
+    m = sum(not math.isnan(p) for p in pvalues)
+    return [p if math.isnan(p) else min(1.0, m * p) for p in pvalues]
 
 
 def encode_bits(hits: Sequence[bool] | np.ndarray) -> str:
@@ -118,49 +139,97 @@ def bootstrap_diff(
     return float(np.quantile(diffs, tail)), float(np.quantile(diffs, 1.0 - tail))
 
 
+def _exact_split_test(pooled: np.ndarray, na: int, deviation: Callable[[np.ndarray], np.ndarray]) -> dict[str, float]:
+    """Enumerate every split of `pooled` into its first group's size `na` and the rest; `deviation(groups)` maps
+    the [splits, na] index array of the first group to each split's signed deviation from the null's centre.
+    p: the share of splits at least as extreme as the observed one (the first split, indices 0 .. na-1); min_p: the
+    share at the most extreme value, the smallest p these values can give."""
+    n = len(pooled)
+    if na == 0 or na == n:
+        return {"p": math.nan, "min_p": math.nan, "splits": 0}
+    if math.comb(n, na) > MAX_SPLITS:
+        raise ValueError(f"exact test: {math.comb(n, na):,} splits of {n} values exceed {MAX_SPLITS:,}.")
+    groups = np.fromiter(itertools.chain.from_iterable(itertools.combinations(range(n), na)), dtype=np.int64)
+    extreme = np.abs(deviation(groups.reshape(-1, na)))
+    slack = 1e-12 * max(1.0, float(extreme.max()))  # the observed split itself must count despite rounding
+    return {
+        "p": float(np.mean(extreme >= extreme[0] - slack)),
+        "min_p": float(np.mean(extreme >= extreme.max() - slack)),
+        "splits": len(extreme),
+    }
+
+
 def permutation_test(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
     """Exact two-sided permutation test of mean(a) - mean(b): every split of the pooled values into groups of
     len(a) and len(b) is enumerated; p is the share whose |mean difference| reaches the observed one. `min_p` is the
     smallest p these values can give (the share of splits at the largest |difference|): with 3 vs 3 seeds 2/20 = 0.1,
-    with 5 vs 5 2/252, so a small study cannot reject whatever the data."""
+    with 4 vs 4 2/70, with 5 vs 5 2/252, so a small study cannot reject whatever the data."""
     pooled = np.asarray([*a, *b], dtype=np.float64)
-    na, n = len(a), len(a) + len(b)
-    if na == 0 or na == n:
-        return {"p": math.nan, "min_p": math.nan, "diff": math.nan, "splits": 0}
+    na, nb = len(a), len(b)
     total = pooled.sum()
-    diffs = []
-    for group in itertools.combinations(range(n), na):
-        sa = pooled[list(group)].sum()
-        diffs.append(sa / na - (total - sa) / (n - na))
-    diffs_abs = np.abs(np.asarray(diffs))
-    observed = abs(float(np.mean(a)) - float(np.mean(b)))
-    slack = 1e-12 * max(1.0, float(np.abs(pooled).max()))  # the observed split itself must count despite rounding
-    return {
-        "p": float(np.mean(diffs_abs >= observed - slack)),
-        "min_p": float(np.mean(diffs_abs >= diffs_abs.max() - slack)),
-        "diff": float(np.mean(a)) - float(np.mean(b)),
-        "splits": len(diffs),
-    }
+
+    def mean_gap(groups: np.ndarray) -> np.ndarray:
+        sums = pooled[groups].sum(1)
+        return sums / na - (total - sums) / max(nb, 1)
+
+    diff = float(np.mean(a)) - float(np.mean(b)) if na and nb else math.nan
+    return {**_exact_split_test(pooled, na, mean_gap), "diff": diff}
 
 
-def verdict_word(diff: float, p_adjusted: float, higher_better: bool, alpha: float = ALPHA) -> str:
-    """better / worse than the baseline when the Holm-adjusted p is below alpha, else within noise."""
-    if math.isnan(p_adjusted):
+def midranks(values: Sequence[float]) -> np.ndarray:
+    """Ranks 1 .. n, tied values sharing the mean of their ranks."""
+    x = np.asarray(values, dtype=np.float64)
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    start = 0
+    while start < len(x):
+        end = start
+        while end + 1 < len(x) and x[order[end + 1]] == x[order[start]]:
+            end += 1
+        ranks[order[start : end + 1]] = (start + end) / 2.0 + 1.0
+        start = end + 1
+    return ranks
+
+
+def mann_whitney_exact(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
+    """Exact two-sided Mann-Whitney test: U = R_a - na (na + 1) / 2 from the pooled midranks, against its exact
+    distribution over every split of those ranks (conditional on the ties, so exact with ties as well); p is the
+    share of splits with |U - na nb / 2| at least the observed one, `min_p` the smallest p these sizes and ties can
+    give (2 / C(na + nb, na) without ties: 4 vs 4 seeds 0.029, 5 vs 5 0.0079)."""
+    ranks = midranks([*a, *b])
+    na, nb = len(a), len(b)
+
+    def u_gap(groups: np.ndarray) -> np.ndarray:
+        return ranks[groups].sum(1) - na * (na + 1) / 2.0 - na * nb / 2.0
+
+    u = float(ranks[:na].sum() - na * (na + 1) / 2.0) if na and nb else math.nan
+    return {**_exact_split_test(ranks, na, u_gap), "u": u}
+
+
+def verdict_word(interval: tuple[float, float], higher_better: bool) -> str:
+    """better / worse than the baseline exactly when the family-corrected interval of variant - baseline excludes
+    0 (its level 1 - alpha / m is the Bonferroni correction's), else within noise."""
+    lo, hi = interval
+    if math.isnan(lo) or math.isnan(hi):
         return "not tested"
-    if p_adjusted >= alpha:
+    if lo <= 0.0 <= hi:
         return "within noise"
-    return "better" if (diff > 0) == higher_better else "worse"
+    return "better" if (lo > 0) == higher_better else "worse"
 
 
 __all__ = [
     "ALPHA",
     "betainc",
+    "bonferroni",
     "bootstrap_diff",
     "decode_bits",
     "encode_bits",
-    "holm",
+    "mann_whitney_exact",
+    "midranks",
     "permutation_test",
+    "t_critical",
     "t_two_sided_p",
     "verdict_word",
     "welch",
+    "welch_interval",
 ]
