@@ -20,6 +20,7 @@ from zpx_hf_train.main_job import main as zpx_main
 from zpx_hf_train.report import (
     RECALL_BAR,
     chance_levels,
+    lr_hint,
     recall_floor,
     recall_results,
     recall_table,
@@ -191,5 +192,14 @@ def test_main_job_reports_recall_against_the_floor_and_warns(tmp_path, capsys):
         if verdict != "learned":  # 4 steps of a micro model learn no recall: each task is warned about
             assert f"WARNING: recall task {task} is {verdict}" in captured.err
     assert "no recall task reached" in captured.err
+    # the micro config trains ZPX at 3e-3: above the lr at which ZPX learned recall in the evidence suite
+    assert "WARNING: learning_rate 0.003 is above 0.001" in captured.err
     assert "Learned: none." in text
     assert "---- what the model learned: recall tasks, held out ----" in captured.out
+
+
+def test_the_lr_hint_names_the_family_ceiling_only_above_it():
+    assert lr_hint("zpx", 3e-3).startswith("learning_rate 0.003 is above 0.001")
+    assert "retry with learning_rate 0.0003" in lr_hint("pct", 1e-3)
+    assert lr_hint("zpx", 1e-3) is None and lr_hint("pct", 3e-4) is None  # at the ceiling: nothing to say
+    assert lr_hint("versor", 1e-2) is None and lr_hint("llama", 1e-2) is None  # no evidence, no claim

@@ -162,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     print("---- what the model learned: recall tasks, held out ----")
     recall = recall_rows(result, run.args[DataArguments])
     print(recall_table(recall))
-    warn_unlearned(recall)
+    from transformers import TrainingArguments
+
+    warn_unlearned(recall, run.model_config.model_type, run.args[TrainingArguments].learning_rate)
     train = result["train_metrics"]
     total = time.time() - started
     print(
@@ -205,9 +207,10 @@ def recall_rows(result: dict, data: DataArguments) -> list[dict]:
     return recall_results(result["metrics"], answer_tokens, floors)
 
 
-def warn_unlearned(recall: list[dict]) -> None:
-    """A warning on stderr for each recall task below the bar, and one more when none reached it."""
-    from .report import RECALL_BAR
+def warn_unlearned(recall: list[dict], model_type: str = "", learning_rate: float = 0.0) -> None:
+    """A warning on stderr for each recall task below the bar, one more when none reached it, and one when the lr
+    is above the range at which the family learned recall in the evidence suite (`report.lr_hint`)."""
+    from .report import RECALL_BAR, lr_hint
 
     for row in recall:
         if row["verdict"] != "learned":
@@ -224,6 +227,9 @@ def warn_unlearned(recall: list[dict]) -> None:
             "cannot learn in it).",
             file=sys.stderr,
         )
+    hint = lr_hint(model_type, learning_rate)
+    if hint and any(row["verdict"] != "learned" for row in recall):
+        print(f"zpx-main: WARNING: {hint}.", file=sys.stderr)
 
 
 def recall_sentence(recall: list[dict]) -> str:

@@ -121,6 +121,24 @@ def metrics_table(metrics: Mapping[str, Any]) -> str:
 # answer-token accuracy at which a recall task counts as learned: far above chance (1/16 .. 1/10), short of perfect
 RECALL_BAR = 0.9
 
+# The highest lr at which each family learned a recall task (MQAR or the needle at 80 tokens, accuracy >= RECALL_BAR)
+# in the evidence suite: seed 0, 2 layers, ~400K body parameters, AdamW, warm-up then constant lr, over 3e-4 / 1e-3 /
+# 3e-3 (benchmarks/results/ablation_evidence_lr_ranges.md). Above it the same runs stayed at the copy floor; the
+# softmax baseline (a Llama) learned MQAR up to 3e-3. Versor reached the bar at no lr.
+RECALL_LR_CEILING = {"zpx": 1e-3, "pct": 3e-4}
+
+
+def lr_hint(model_type: str, learning_rate: float) -> str | None:
+    """Why a run may have learned no recall: its lr is above the highest at which its family learned one."""
+    ceiling = RECALL_LR_CEILING.get(model_type)
+    if ceiling is None or learning_rate <= ceiling * (1 + 1e-9):
+        return None
+    return (
+        f"learning_rate {learning_rate:g} is above {ceiling:g}, the highest lr at which {model_type} learned a recall "
+        "task in the evidence suite (benchmarks/results/ablation_evidence_lr_ranges.md; a softmax Llama of that size "
+        f"learned MQAR up to 3e-3): retry with learning_rate {ceiling:g}"
+    )
+
 
 def chance_levels() -> dict[str, float]:
     """Answer-token accuracy of uniform guessing per synthetic task: one over the alphabet its answers come from."""
