@@ -5,6 +5,7 @@ import ast
 import itertools
 import json
 import math
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -472,6 +473,7 @@ def test_report_verdicts_are_by_claim_family_on_the_reported_seeds(tmp_path):
         rows += [_row(v, "mqar", 0, lr, 0.1) for lr in (3e-4, 3e-3)]
     meta = {"command": "c", "date": "d", "machine": "m"}
     text = report.write_evidence(_done(rows), cells, EVIDENCE, {}, meta, [], None, tmp_path / "e", figures=False)
+    assert not re.search(r"\{[a-z_]+\.[a-z_]+\}", text)  # no f-string placeholder left unformatted
     verdicts = json.loads((tmp_path / "e.json").read_text())["verdicts"]
     better, noise = verdicts["zpx_full|accuracy|mqar"], verdicts["zpx_angle|accuracy|mqar"]
     accuracy = {

@@ -788,7 +788,7 @@ def write_evidence(
         f"and trained with seeds 1 .. n-1 (a pick on the grid's edge first widens the grid by the next half-decade lr, "
         "`protocol.widen_grid`; the rows here ran before that rule, so edge picks are marked †); seed 0 only selects: "
         "every reported mean, test and interval uses seeds 1 .. n-1 (n - 1 = 4 for the headline cells); test numbers "
-        "are at the selected setting on {spec.eval_examples} held-out "
+        f"are at the selected setting on {spec.eval_examples} held-out "
         f"examples ({spec.passkey_eval_examples} per needle length; data seed {EVAL_SEED}; training batches come "
         "from seeds ≥ 1,000,003, so the three never meet). Seeds: 5 for the headline cells (tier 0), 3 for Versor "
         "on the needle and the ZPX ladder, 2 for the same-length needle and spiral. Validation accuracy is "
