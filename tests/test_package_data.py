@@ -4,6 +4,7 @@ empty folder to the end (reload included) without the source tree."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -143,3 +144,14 @@ from zpx_hf_train.package_data import data_folder
 print(json.dumps({"zpx_hf": zpx_hf.__file__, "zpx_hf_train": zpx_hf_train.__file__, "sys.path": sys.path,
                   "configs": str(data_folder("configs")), "model_cards": str(data_folder("model_cards"))}))
 """
+
+
+@pytest.mark.parametrize(("family", "config"), [("zpx", "zpx-tiny"), ("pct", "pct-tiny"), ("versor", "versor-tiny")])
+def test_each_family_card_states_the_lr_it_needs_and_its_config_trains_within_it(family, config):
+    """Issue 37: ZPX and PCT learned nothing at a Llama's 3e-3 in the evidence suite; the card says so and the
+    shipped config does not train there."""
+    card = model_card_template(family)
+    assert "**Learning rate.**" in card and "3e-3" in card
+    text = (data_folder("configs") / f"{config}.yaml").read_text()
+    lr = float(re.search(r"^  learning_rate: (\S+)$", text, re.MULTILINE).group(1))
+    assert lr <= 1e-3
