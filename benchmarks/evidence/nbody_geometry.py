@@ -58,12 +58,12 @@ PARAMS = {
     "rollout": 50,
     "train_length": 100,
     "train_trajectories": 200,
-    "val_trajectories": 100,
-    "eval_trajectories": 200,
-    "zero_shot_trajectories": 100,
+    "val_trajectories": 50,
+    "eval_trajectories": 100,
+    "zero_shot_trajectories": 50,
     "equivariance_states": 64,
 }
-BUDGET = TaskBudget(steps=1200, batch=64, lr=1e-3, params=PARAMS)
+BUDGET = TaskBudget(steps=600, batch=64, lr=1e-3, params=PARAMS)
 LR_LADDER = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 FIRST_LRS = (3e-4, 1e-3, 3e-3)
 SELECTION_SEED = 0
