@@ -35,8 +35,8 @@ Zero-shot tests of the Versor paper on the test initial conditions, the trained 
 (hidden velocity: no velocity input, infer the momentum; OOD mass: test particles 10x heavier than in training)
 here: `mass10_*` simulates the same initial states with every mass 10 (training: 1); `hidden_velocity_*`
 zeroes the velocity half of every model input (context and rolled-out states) and scores positions. The
-paper's third test (3 / 7 bodies, one token per body) needs a per-body tokenisation the suite does not
-have (one token is one 30-feature time step); not run.
+paper's third test (3 / 7 bodies) needs one token per body, where a token here is one 30-feature time step: it
+runs in `nbody_bodies` / `nbody_geometry` (body tokens, equivariance errors, zero-shot body counts).
 """
 
 from __future__ import annotations
