@@ -207,8 +207,8 @@ def render() -> str:
         "",
         "## lr selection (seed 0, validation score = 1/2 [log(rollout / CV) + log(one-step / CV)], lower is better)",
         "",
-        "| variant | hidden / intermediate | params | lr: score (train loss) | selected |",
-        "|---|---|---|---|---|",
+        "| variant | hidden / intermediate | params | CPU s per run | lr: score (train loss) | selected |",
+        "|---|---|---|---|---|---|",
     ]
     selected = {}
     for variant in VARIANT_NAMES:
@@ -223,8 +223,9 @@ def render() -> str:
         edge = lr is not None and lr in (tried[0], tried[-1])
         where = "not yet" if lr is None else f"{lr:g}" + (" (edge of the ladder)" if edge else " (interior)")
         grid = "; ".join(f"{r['lr']:g}: {val_score(r, ref):+.3f} ({r['final_train_loss']:.3g})" for r in chosen)
+        cpu = np.mean([r["cpu_seconds"] for r in chosen])
         lines.append(f"| {variant} | {chosen[0]['hidden']} / {chosen[0]['intermediate']} | {chosen[0]['params']} "
-                     f"| {grid} | {where} |")  # fmt: skip
+                     f"| {cpu:.0f} | {grid} | {where} |")  # fmt: skip
     lines += [
         "",
         "## Test (reported seeds at the selected lr; mean ± sd over seeds)",
@@ -266,7 +267,11 @@ def render() -> str:
         "",
         "Ratios to CV below 1 beat constant velocity. Equivariance errors: rms(f(g s) - g f(s)) / rms(f(s)) of the "
         "predicted increments, the largest over 8 random group elements on 64 test states, float32 (exactly "
-        "equivariant: ~1e-7).",
+        "equivariant: ~1e-7). Parameters count read-in, body and read-out (the unused token embedding excluded); "
+        f"{EQUIVARIANT} has Versor GPA's width, so only its read-in and read-out differ (fewer parameters than the "
+        "dense ones). CPU seconds: training and evaluation of one run, one thread on a shared machine. "
+        f"{BUDGET.steps} steps is one budget for every variant: the train-loss column says how far each got (a "
+        "speed-of-learning comparison where a loss is still falling).",
         "",
         "## Statistics",
         "",
