@@ -141,6 +141,8 @@ def test_selection_widens_the_ladder_at_an_edge_and_scores_under_fits():
     assert nbody_geometry.selection(first[:2], "v", ref) == (None, [3e-3])
     assert nbody_geometry.selection(first, "v", ref) == (None, [1e-2])  # best at the top edge: one rung more
     assert nbody_geometry.selection([*first, row(1e-2, 0.75)], "v", ref) == (3e-3, [])  # interior
-    assert nbody_geometry.selection([*first, row(1e-2, 0.6)], "v", ref) == (1e-2, [])  # the ladder's end
+    assert nbody_geometry.selection([*first, row(1e-2, 0.6)], "v", ref) == (None, [3e-2])
+    top = nbody_geometry.LR_LADDER[-1]
+    assert nbody_geometry.selection([*first, row(1e-2, 0.6), row(top, 0.5)], "v", ref) == (top, [])  # ladder's end
     with pytest.raises(SystemExit):
         nbody_geometry.main(["--seeds", "0", "1", "--render"])
