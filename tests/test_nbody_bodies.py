@@ -146,3 +146,13 @@ def test_selection_widens_the_ladder_at_an_edge_and_scores_under_fits():
     assert nbody_geometry.selection([*first, row(1e-2, 0.6), row(top, 0.5)], "v", ref) == (top, [])  # ladder's end
     with pytest.raises(SystemExit):
         nbody_geometry.main(["--seeds", "0", "1", "--render"])
+
+
+def test_a_diverged_run_is_kept_and_never_selected(monkeypatch):
+    def diverge(*args, **kwargs):
+        raise FloatingPointError("training loss became nan at step 3")
+
+    monkeypatch.setattr(nbody_geometry, "run_bodies", diverge)
+    row = nbody_geometry.run("baseline", 0, 3e-2, {"hidden": 32, "intermediate": 80}, {})
+    assert row["status"] == "diverged: training loss became nan at step 3"
+    assert nbody_geometry.val_score(row, {"val_position_mse": 1.0, "val_onestep_position_mse": 1.0}) == math.inf

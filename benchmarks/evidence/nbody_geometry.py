@@ -113,13 +113,19 @@ def run(variant: str, seed: int, lr: float, size: dict[str, Any], stamp: dict[st
         **stamp,
     }
     cpu = time.process_time()
-    row.update(run_bodies(model, replace(BUDGET, lr=lr), seed))
+    try:
+        row.update(run_bodies(model, replace(BUDGET, lr=lr), seed))
+        row["status"] = "ok"
+    except FloatingPointError as error:  # diverged at this lr (train_loop's check): kept, scored as the worst
+        row["status"] = f"diverged: {error}"
     row["cpu_seconds"] = time.process_time() - cpu
     return row
 
 
 def val_score(row: dict[str, Any], ref: dict[str, Any]) -> float:
     """1/2 [log(rollout / CV) + log(one-step / CV)] on the validation trajectories (lower is better; nan: diverged)."""
+    if row.get("status", "ok") != "ok":  # rows written before the status field completed (a divergence raised)
+        return math.inf
     rollout, onestep = row["val_position_mse"], row["val_onestep_position_mse"]
     if not (math.isfinite(rollout) and math.isfinite(onestep)) or min(rollout, onestep) <= 0:
         return math.inf
@@ -161,6 +167,9 @@ def study(variants: list[str], seeds: list[int], command: str) -> None:
             for seed, rate in jobs:
                 row = run(variant, seed, rate, size, stamp)
                 append_row(ROWS, row)
+                if row["status"] != "ok":
+                    print(f"[{variant} seed {seed} lr {rate:g}] {row['status']}", flush=True)
+                    continue
                 print(
                     f"[{variant} seed {seed} lr {rate:g}] loss {row['final_train_loss']:.4f} "
                     f"one-step {row['onestep_position_mse']:.3g} rollout {row['position_mse']:.3g} "
@@ -222,8 +231,10 @@ def render() -> str:
         if lr is not None:
             selected[variant] = lr
         edge = lr is not None and lr in (tried[0], tried[-1])
-        where = "not yet" if lr is None else f"{lr:g}" + (" (edge of the ladder)" if edge else " (interior)")
-        grid = "; ".join(f"{r['lr']:g}: {val_score(r, ref):+.3f} ({r['final_train_loss']:.3g})" for r in chosen)
+        where = "not yet" if lr is None else f"{lr:g}" + (" (the ladder's end)" if edge else " (interior)")
+        grid = "; ".join(
+            f"{r['lr']:g}: {val_score(r, ref):+.3f} ({r.get('final_train_loss', math.nan):.3g})" for r in chosen
+        )
         cpu = np.mean([r["cpu_seconds"] for r in chosen])
         lines.append(f"| {variant} | {chosen[0]['hidden']} / {chosen[0]['intermediate']} | {chosen[0]['params']} "
                      f"| {cpu:.0f} | {grid} | {where} |")  # fmt: skip
