@@ -283,7 +283,9 @@ def render() -> str:
         f"{EQUIVARIANT} has Versor GPA's width, so only its read-in and read-out differ (fewer parameters than the "
         "dense ones). CPU seconds: training and evaluation of one run, one thread on a shared machine. "
         f"{BUDGET.steps} steps is one budget for every variant: the train-loss column says how far each got (a "
-        "speed-of-learning comparison where a loss is still falling).",
+        "speed-of-learning comparison where a loss is still falling). Not covered here: the hidden-velocity and "
+        "10x-mass tests (the suite's flat task, `nbody`), Versor's RRA and hybrid mixers (RRA's dense bivector "
+        "projection is not equivariant; a causal recurrence over bodies would also order them).",
         "",
         "## Statistics",
         "",
