@@ -156,6 +156,14 @@ def per_trajectory(predicted: np.ndarray, true: np.ndarray) -> list[float]:
     return [float(f"{e:.4g}") for e in errors]
 
 
+def paired_interval(a: list[float], b: list[float], draws: int = 4000) -> tuple[float, float, float]:
+    """Mean of a - b over trajectories and its 95% bootstrap interval (trajectories resampled, seed 0)."""
+    diff = np.asarray(a) - np.asarray(b)
+    index = np.random.default_rng(0).integers(0, len(diff), size=(draws, len(diff)))
+    means = diff[index].mean(axis=1)
+    return float(diff.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
 def positions(states: np.ndarray) -> np.ndarray:
     return split_state(np.asarray(states, np.float64), NBODY["bodies"], NBODY["dim"])[0]
 

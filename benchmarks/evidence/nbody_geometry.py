@@ -42,8 +42,8 @@ import torch
 from transformers import AutoModel
 
 from benchmarks.evidence.models import VectorRegressor, build_model, count_parameters, match_width, model_config
+from benchmarks.evidence.nbody import paired_interval
 from benchmarks.evidence.nbody_bodies import BODY_CONFIG, GROUPS, references, run_bodies
-from benchmarks.evidence.nbody_study import paired_interval
 from benchmarks.evidence.protocol import TaskBudget
 from benchmarks.evidence.rows import RESULTS, append_row, machine, provenance, read_rows
 from benchmarks.evidence.stats import permutation_test
