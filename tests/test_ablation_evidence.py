@@ -38,10 +38,11 @@ EVIDENCE = SIZES["evidence"]
 
 # benchmarks/evidence/ bottom up (the package docstring's order): a module imports only modules before it here
 LAYERS = (
-    *("protocol", "rows", "stats", "training", "nbody", "tasks"),
+    *("protocol", "rows", "stats", "training", "nbody", "nbody_bodies", "tasks"),
     *("models", "runs", "sizes", "plan", "audit", "report", "suite"),
 )
-TOOLS = ("calibrate", "nbody_study", "pct_defaults", "lm_study", "__main__")  # entry points: nothing imports them
+# entry points: nothing imports them
+TOOLS = ("calibrate", "nbody_study", "nbody_geometry", "pct_defaults", "lm_study", "__main__")
 
 
 def package_imports(path: Path) -> tuple[set[str], list[str]]:

@@ -9,6 +9,7 @@ Run from the repository root:
     python -m benchmarks.evidence --size full --device cuda --tasks listops   # LRA ListOps alone, a GPU
     python -m benchmarks.evidence.calibrate --trials ...                  # the baseline's budget calibration
     python -m benchmarks.evidence.nbody_study --study ...                 # the N-body protocol study
+    python -m benchmarks.evidence.nbody_geometry                          # N-body, one token per body (issue 37)
     python -m benchmarks.evidence.pct_defaults --task mqar                # the PCT defaults sweep
     python -m benchmarks.evidence.lm_study                                # byte-level LM on the stdlib (issue 37)
 
@@ -45,5 +46,6 @@ Modules, each importing only those above it: `protocol` (budgets, sizes, data se
 (result jsonl, provenance), `stats`, `training` (the shared loop), `nbody` (the N-body task), `tasks` (token
 tasks), `models` (variants, parameter matching), `runs` (one job), `sizes`, `plan`, `audit` (convergence, body
 parameters, compute, configurations, lr ranges), `report`, `suite` (the command line), and the tools `calibrate`,
-`nbody_study`, `pct_defaults`, `lm_study`.
+`nbody_study`, `nbody_geometry` (with `nbody_bodies`: body tokens, equivariance errors, zero-shot body counts),
+`pct_defaults`, `lm_study`.
 """

@@ -79,9 +79,11 @@ def model_config(
     vocab: int,
     max_pos: int,
     train_length: int | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> Any:
     """Config of `variant` at the given widths (Versor: one multivector channel of 32 per head); PCT's gate bias
-    starts at -log(train_length), the task's training length (default `max_pos`)."""
+    starts at -log(train_length), the task's training length (default `max_pos`). `overrides` replace config
+    fields of every variant alike (the body tokenisation's `causal=False, rotary="none"`)."""
     entry = VARIANTS[base_variant(variant)]
     common = dict(
         vocab_size=vocab,
@@ -91,7 +93,7 @@ def model_config(
         num_attention_heads=hidden // 32 if entry["family"] == "versor" else heads,
         max_position_embeddings=max_pos,
         attn_implementation="sdpa",
-        **entry["config"],
+        **{**entry["config"], **(overrides or {})},
     )
     if entry["family"] == "zpx":
         return ZPXConfig(phase_channels=PHASE_CHANNELS, **common)
@@ -126,12 +128,83 @@ class SequenceRegressor(nn.Module):
         return sum(p.numel() for p in self.parameters()) - unused
 
 
-def build_model(variant: str, width: dict[str, int], layers: int, heads: int, io: dict[str, int]) -> nn.Module:
+# Cl(4,1) blades by generator bitmask (zpx_hf.clifford_algebra): e1..e3 are the space a body lives in
+VECTOR_BLADES = (1, 2, 4)  # e1, e2, e3
+PLANE_BLADES = (3, 5, 6)  # e12, e13, e23
+INVARIANT_BLADES = (0, 8, 16)  # 1, e4, e5: fixed by rotations of e1..e3 (a conformal point's e_o, e_inf lie here)
+
+
+class VectorRegressor(nn.Module):
+    """Rotation- and translation-equivariant read-in / read-out around a Versor GPA backbone, for body tokens
+    `[x (3), v (3)]` (one token per body, bidirectional, no positions).
+
+    Read-in of body i, with p_i = x_i - mean_j x_j (translations cancel), into every channel c:
+
+        e1..e3 (grade 1):   a_c p_i + b_c v_i
+        e12, e13, e23:      w_c p_i ^ v_i
+        1, e4, e5:          a linear map (with bias) of |p_i|^2, |v_i|^2, p_i . v_i      (rotation invariants)
+
+    which spans the conformal embedding of p_i (p + |p|^2 / 2 e_inf + e_o, with e_o, e_inf in the e4-e5 plane).
+    A rotation of e1..e3 acts on these coefficients as the rotor sandwich R m ~R does; VersorLinear, VersorNorm, the
+    scalar-gated MLP and the GPA score (a scalar and a bivector norm of Q ~K) commute with it. Read-out: the
+    e1..e3 part of every output channel, mixed over channels without bias: [dx, dv]_i = sum_c (u_c, s_c) <y_ic>_1.
+    The RRA mixer's bivector projection is a dense map of all blades, so only `mixer="gpa"` qualifies.
+    """
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        config = backbone.config
+        if config.model_type != "versor" or config.mixer != "gpa" or config.causal:
+            raise ValueError(
+                "VectorRegressor needs a bidirectional Versor backbone with mixer='gpa' (causal=False): RRA's "
+                "bivector projection and a causal mask over bodies break rotation and permutation symmetry."
+            )
+        self.backbone = backbone
+        channels = config.num_channels
+        self.vector_in = nn.Parameter(torch.randn(channels, 2) / math.sqrt(2))
+        self.plane_in = nn.Parameter(torch.randn(channels))
+        self.invariant_in = nn.Linear(3, 3 * channels)
+        self.read_out = nn.Linear(channels, 2, bias=False)
+        self.register_buffer("blades", torch.tensor((*INVARIANT_BLADES, *VECTOR_BLADES, *PLANE_BLADES)), False)
+
+    def forward(self, states: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """states [B, N, 6] -> ([B, N, 6] = [dx, dv] per body, no centre loss)."""
+        x, v = states[..., :3], states[..., 3:]
+        p = x - x.mean(dim=-2, keepdim=True)
+        invariants = torch.stack(((p * p).sum(-1), (v * v).sum(-1), (p * v).sum(-1)), dim=-1)
+        plane = torch.stack(
+            (p[..., 0] * v[..., 1] - p[..., 1] * v[..., 0], p[..., 0] * v[..., 2] - p[..., 2] * v[..., 0],
+             p[..., 1] * v[..., 2] - p[..., 2] * v[..., 1]), dim=-1,
+        )  # fmt: skip
+        channels = self.vector_in.shape[0]
+        parts = (
+            self.invariant_in(invariants).unflatten(-1, (channels, 3)),
+            torch.einsum("ck,...kd->...cd", self.vector_in, torch.stack((p, v), dim=-2)),
+            self.plane_in[:, None] * plane[..., None, :],
+        )
+        coefficients = torch.cat(parts, dim=-1)  # [B, N, C, 9] in the order of `blades`
+        multivector = coefficients.new_zeros(*coefficients.shape[:-1], 32).index_copy(-1, self.blades, coefficients)
+        hidden = self.backbone(inputs_embeds=multivector.flatten(-2), use_cache=False).last_hidden_state
+        vectors = hidden.unflatten(-1, (channels, 32))[..., list(VECTOR_BLADES)]  # [B, N, C, 3]
+        return self.read_out(vectors.transpose(-1, -2)).transpose(-1, -2).flatten(-2), None
+
+    counted_parameters = SequenceRegressor.counted_parameters
+
+
+def build_model(variant: str, width: dict[str, int], layers: int, heads: int, io: dict[str, Any]) -> nn.Module:
     """`*ForCausalLM` for token tasks (`io = {"vocab", "max_pos"}`), `SequenceRegressor` when `io` has
-    `features` (continuous sequences)."""
+    `features` (continuous sequences); `io["config"]`, if given, overrides config fields (`model_config`)."""
     vocab = io.get("vocab", 4)
     config = model_config(
-        variant, width["hidden"], width["intermediate"], layers, heads, vocab, io["max_pos"], io.get("train_length")
+        variant,
+        width["hidden"],
+        width["intermediate"],
+        layers,
+        heads,
+        vocab,
+        io["max_pos"],
+        io.get("train_length"),
+        io.get("config"),
     )
     if "features" in io:
         return SequenceRegressor(AutoModel.from_config(config), io["features"])
@@ -139,7 +212,7 @@ def build_model(variant: str, width: dict[str, int], layers: int, heads: int, io
 
 
 def count_parameters(model: nn.Module) -> int:
-    if isinstance(model, SequenceRegressor):
+    if isinstance(model, (SequenceRegressor, VectorRegressor)):
         return model.counted_parameters()
     return sum(p.numel() for p in model.parameters())
 
@@ -235,6 +308,7 @@ __all__ = [
     "FAMILY_SHAPE",
     "VARIANTS",
     "SequenceRegressor",
+    "VectorRegressor",
     "base_variant",
     "baseline_width",
     "body_parameters",

@@ -13,7 +13,6 @@ import math
 import time
 from typing import Any
 
-import numpy as np
 import torch
 
 from benchmarks.evidence.models import baseline_width, build_model
@@ -26,6 +25,7 @@ from benchmarks.evidence.nbody import (
     Normaliser,
     nbody_data,
     nbody_reference,
+    paired_interval,
     run_nbody,
 )
 from benchmarks.evidence.protocol import TaskBudget
@@ -66,14 +66,6 @@ def study_run(name: str, seed: int = 0) -> dict[str, Any]:
         **row,
         "cpu_seconds": time.process_time() - cpu,
     }
-
-
-def paired_interval(a: list[float], b: list[float], draws: int = 4000) -> tuple[float, float, float]:
-    """Mean of a - b over trajectories and its 95% bootstrap interval (trajectories resampled, seed 0)."""
-    diff = np.asarray(a) - np.asarray(b)
-    index = np.random.default_rng(0).integers(0, len(diff), size=(draws, len(diff)))
-    means = diff[index].mean(axis=1)
-    return float(diff.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
 def render_study(rows: list[dict[str, Any]], command: str) -> str:
