@@ -611,8 +611,9 @@ def nbody_reference_lines(done: dict, cells: Sequence[Any], spec: Any, reference
             f"{r['mass10_static_position_mse']:.4f}. Hidden velocity: static positions "
             f"{r['hidden_velocity_static_position_mse']:.4f}, constant velocity from the last two positions "
             f"{r['hidden_velocity_const_velocity_position_mse']:.4f}. The paper's third zero-shot test (trained on 5 "
-            "bodies, tested on 3 / 7) is not run: a token here is one time step of all bodies, a fixed input size "
-            "for every model, Versor's included, and the test needs one token per body."
+            "bodies, tested on 3 / 7) needs one token per body, where a token here is one time step of all bodies: "
+            "it runs in `python -m benchmarks.evidence.nbody_geometry` ([results](benchmarks/results/nbody_geometry.md)"
+            "), with the equivariance errors of every model."
         )
     means = {}
     for cell in cells:
