@@ -228,6 +228,34 @@ def test_vectorised_packing_equals_the_list_reference(tmp_path, monkeypatch):
     assert cached["input_ids"] == expected["input_ids"] and cached.cache_files
 
 
+@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="resident pages per mapping: Linux /proc")
+def test_packing_text_blocks_with_task_examples_leaves_the_block_file_pages_unmapped(tmp_path):
+    from datasets import concatenate_datasets
+
+    from zpx_hf_train.data import COLUMNS
+    from zpx_hf_train.data_pipeline import row_features
+
+    tokenizer = build_byte_tokenizer()
+    texts = [text * 40 for text in DOCUMENTS * 5]  # ~1.2 M tokens: blocks file of ~8 MB (7 bytes per token)
+    tokens, _ = tokenize_documents(file_corpus(tmp_path, texts), tokenizer, cache_dir=str(tmp_path / "cache"))
+    blocks = group_blocks(tokens, tokenizer, 128, cache_dir=str(tmp_path / "cache"))
+    examples = [task_dataset(task, 5, 0, 128).select_columns(COLUMNS) for task in ("mqar", "passkey")]
+    train = concatenate_datasets([blocks, *(t.cast(row_features(tokenizer)) for t in examples)])  # as build_datasets
+    assert [len(b) for b in data_pipeline.table_blocks(train)] == [len(blocks), 10]  # the file, the examples
+    packed = pack_rows(train, 128, tokenizer)
+    # the file's rows were read into freed buffers, the examples from memory: few of the file's pages were touched
+    path = Path(blocks.cache_files[0]["filename"])
+    assert mapped_rss_kb(path) < path.stat().st_size // 1024 // 4, path.stat().st_size
+    expected = reference_pack_rows(train, 128)
+    for key in ("input_ids", "labels", "position_ids"):
+        assert packed[key] == expected[key], key
+    assert data_pipeline.table_blocks(train.select([5, 3])) is None  # through indices: read through datasets
+    assert data_pipeline.file_batches(train.select(range(3, 9)), COLUMNS) is None  # a slice of the file
+    joined = concatenate_datasets([blocks, blocks.rename_column("labels", "y").select_columns(["y"])], axis=1)
+    assert data_pipeline.table_blocks(joined) is None  # columns joined: no block holds a row whole
+    assert data_pipeline.file_batches(blocks.rename_column("labels", "y"), ["y"]) is None  # not as the file has it
+
+
 def test_streaming_split_is_deterministic_and_disjoint():
     heldout = [is_heldout(text, 0.25, 3) for text in DOCUMENTS]
     assert heldout == [is_heldout(text, 0.25, 3) for text in DOCUMENTS]  # deterministic

@@ -147,12 +147,13 @@ def tokenize_documents(
     folder.mkdir(parents=True, exist_ok=True)
     before = {str(p) for p in folder.glob(f"tokens-{key}*.arrow")}
     indices = np.asarray(documents.indices, dtype=np.int64)
-    mapped = file_batches(documents.dataset, [documents.column]) is not None  # else in memory: no page to drop
+    blocks = table_blocks(documents.dataset) or []  # else a view: datasets' own reads; in memory: no page to drop
+    mapped = bool(blocks) and all(whole_file(block, [documents.column]) for block in blocks)
     parts = []
     for number, start in enumerate(range(0, max(len(indices), 1), TOKENIZE_RANGE)):
         source = documents.dataset
         if mapped:
-            files = [Dataset.from_file(entry["filename"]) for entry in documents.dataset.cache_files]
+            files = [Dataset.from_file(block.path) for block in blocks]
             source = concatenate_datasets(files).select_columns([documents.column])
         selected = source.select(indices[start : start + TOKENIZE_RANGE])
         parts.append(
@@ -200,27 +201,57 @@ def tokenize_for_blocks(
     return concatenate_datasets(parts), reused
 
 
-def file_batches(dataset: Any, columns: list[str]) -> Iterator[Any] | None:
-    """`columns` of a file-backed dataset, one Arrow record batch at a time from its files in order, each read into
-    memory and freed after use (`pa.OSFile`, no memory map: a pass over a memory-mapped file keeps every page it
-    touched in the process's resident set, so its peak RSS would grow with the corpus); `None` when the dataset
-    is not exactly its files' rows (in memory, sliced, or through an indices mapping)."""
-    import pyarrow as pa
+def table_blocks(dataset: Any) -> list[Any] | None:
+    """The tables whose rows, in order, are exactly the dataset's (`datasets.table` blocks: memory-mapped files or
+    slices of them, `whole_file` tells; in-memory tables; several after `concatenate_datasets`); `None` when the
+    dataset reads its table through an indices mapping or joins columns."""
+    from datasets.table import ConcatenationTable
 
-    files = [entry["filename"] for entry in dataset.cache_files]
-    rows = 0
-    for name in files:
-        with pa.memory_map(name) as source:  # the stream's message headers only: no column page is touched
-            reader = pa.ipc.open_stream(source)
-            if not set(columns) <= set(reader.schema.names):
-                return None
-            rows += sum(batch.num_rows for batch in reader)
-    if not files or rows != len(dataset) or rows != dataset.data.num_rows:
+    table = dataset.data
+    rows = table.blocks if isinstance(table, ConcatenationTable) else [[table]]
+    if len(dataset) != table.num_rows or any(len(row) != 1 for row in rows):
+        return None
+    return [row[0] for row in rows]
+
+
+def whole_file(block: Any, columns: list[str]) -> bool:
+    """Whether a memory-mapped block holds all its file's rows and `columns` as the file stores them (not sliced,
+    filtered, renamed or cast)."""
+    import pyarrow as pa
+    from datasets.table import MemoryMappedTable
+
+    if not isinstance(block, MemoryMappedTable) or not set(columns) <= set(block.column_names):
+        return False
+    with pa.memory_map(block.path) as source:  # the stream's message headers only: no column page is touched
+        reader = pa.ipc.open_stream(source)
+        stored = {field.name: field.type for field in reader.schema}
+        if any(stored.get(name) != block.schema.field(name).type for name in columns):
+            return False
+        return sum(batch.num_rows for batch in reader) == block.num_rows
+
+
+def file_batches(dataset: Any, columns: list[str]) -> Iterator[Any] | None:
+    """`columns` of a dataset one Arrow record batch at a time: a memory-mapped file's read from the file into
+    memory and freed after use (`pa.OSFile`, no memory map: a pass over a memory-mapped file keeps every page it
+    touched in the process's resident set, so its peak RSS would grow with the corpus), an in-memory table's as
+    they are (the task examples `build_datasets` appends to the text blocks); `None` when the dataset is not
+    exactly its tables' rows (`table_blocks`), holds no whole file (`whole_file`), or lacks a column."""
+    import pyarrow as pa
+    from datasets.table import InMemoryTable
+
+    blocks = table_blocks(dataset)
+    if not blocks or any(not set(columns) <= set(block.column_names) for block in blocks):
+        return None
+    in_memory = [isinstance(block, InMemoryTable) for block in blocks]
+    if all(in_memory) or not all(keep or whole_file(block, columns) for block, keep in zip(blocks, in_memory)):
         return None
 
     def batches() -> Iterator[Any]:
-        for name in files:
-            with pa.OSFile(name) as source:
+        for block, keep in zip(blocks, in_memory):
+            if keep:
+                yield from (batch.select(columns) for batch in block.table.to_batches())
+                continue
+            with pa.OSFile(block.path) as source:
                 for batch in pa.ipc.open_stream(source):
                     yield batch.select(columns)
 
@@ -296,8 +327,9 @@ def group_blocks(
 
 
 class _Rows:
-    """Rows `[a, b)` of a dataset asked for with `a` never decreasing: its files read forward once, a record batch
-    at a time (`file_batches`: no memory-mapped page stays resident), else slices of its in-memory table."""
+    """Rows `[a, b)` of a dataset asked for with `a` never decreasing: its files (and in-memory tables, such as the
+    task examples after the text blocks) read forward once, a record batch at a time (`file_batches`: no
+    memory-mapped page stays resident), else slices of its table (all in memory, or a view of files)."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset, self.start, self.end = dataset, 0, 0
