@@ -632,7 +632,7 @@ def test_nbody_references_say_when_no_model_infers_the_hidden_velocity(monkeypat
     seed_rows(stuck)
     line = report.nbody_reference_lines({}, cells, EVIDENCE, reference)[0]
     assert "static positions 0.0276" in line and "10x mass: constant velocity 0.2850" in line
-    assert "tested on 3 / 7) is not run" in line  # the zero-shot test the suite lacks is named, not skipped silently
+    assert "tested on 3 / 7) needs one token per body" in line and "nbody_geometry" in line  # named: where it runs
     # (0.0288 - 0.0284) / (0.0288 - 0.0085) = 2%: at the static level, said so
     assert "the variants score 0.0284-0.0286, 1%-2% of the way" in line and "none infers the momentum" in line
     learned = {**stuck, "versor_hybrid": [{"hidden_velocity_position_mse": 0.0100}] * 2}

@@ -45,6 +45,7 @@ import random
 import statistics as st
 import sys
 import sysconfig
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -497,7 +498,7 @@ def headline_markdown(
     bpe = fp.get("tokenizer")
     kind = "byte-level" if bpe is None else f"BPE ({bpe['vocab_size']:,} tokens, trained on the train split)"
     body = next((rows[0]["body_params"] for rows in seeds_of.values() if rows), None)
-    lines = [
+    intro = [
         f"Language modelling, {kind}, on CPython's standard-library sources ({fp['bytes'] / 1e6:.1f} MB of `.py`, "
         f"split by file 90 / 5 / 5): {spec.tokens / 1e6:.1f}M training tokens per run at context {spec.context}, "
         + (f"{body:,} body parameters each (embedding and head beside), " if body else "")
@@ -505,8 +506,8 @@ def headline_markdown(
         f"over seeds {', '.join(map(str, spec.report_seeds))}, at the trained context and at 2x / 4x (length "
         "extrapolation). Δ: against the baseline, with the paired bootstrap interval at the Bonferroni level of the "
         f"{len(results) or 6} comparisons; the verdict is that interval's.",
-        "",
     ]
+    lines = [textwrap.fill(intro[0], width=115, break_on_hyphens=False), ""]  # the README keeps lines short
     header = ["model", "lr", *(f"test bpb @{c}" for c in spec.eval_contexts)]
     header += [f"Δ @{c}" for c in (spec.eval_contexts[0], spec.eval_contexts[-1])]
     rows = []
