@@ -694,14 +694,21 @@ def claim_path(claims: Path, job: Job) -> Path:
     return claims / f"{variant}_seed{seed}_lr{lr!r}"
 
 
-def alive(pid: int) -> bool:
+def live_owner(path: Path) -> int:
+    """The pid a claim file holds when that process is alive, else 0 (no file, unreadable, or a dead study's)."""
+    try:
+        pid = int(path.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+    if pid <= 0:
+        return 0
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
+        return 0
     except PermissionError:  # another user's live process
-        return True
-    return True
+        return pid
+    return pid
 
 
 def claim(claims: Path, job: Job) -> bool:
@@ -713,11 +720,7 @@ def claim(claims: Path, job: Job) -> bool:
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
-            try:
-                owner = int(path.read_text().strip() or 0)
-            except (OSError, ValueError):
-                owner = 0
-            if owner and alive(owner):
+            if live_owner(path):
                 return False
             path.unlink(missing_ok=True)  # a dead study's claim
             continue
@@ -729,15 +732,7 @@ def claim(claims: Path, job: Job) -> bool:
 
 def claimed_by_others(claims: Path) -> list[str]:
     """Jobs other live studies are training now."""
-    out = []
-    for path in sorted(claims.glob("*")):
-        try:
-            owner = int(path.read_text().strip() or 0)
-        except (OSError, ValueError):
-            continue
-        if owner != os.getpid() and alive(owner):
-            out.append(path.name)
-    return out
+    return [path.name for path in sorted(claims.glob("*")) if live_owner(path) not in (0, os.getpid())]
 
 
 def main(argv: list[str] | None = None) -> None:
