@@ -138,12 +138,23 @@ def test_selection_widens_the_ladder_at_an_edge_and_scores_under_fits():
     assert nbody_geometry.val_score(row(1e-3, 0.5, 10.0), ref) > nbody_geometry.val_score(row(1e-3, 0.8, 0.8), ref)
     assert nbody_geometry.val_score(row(1e-3, float("nan")), ref) == math.inf
     first = [row(3e-4, 0.9), row(1e-3, 0.8), row(3e-3, 0.7)]
-    assert nbody_geometry.selection(first[:2], "v", ref) == (None, [3e-3])
-    assert nbody_geometry.selection(first, "v", ref) == (None, [1e-2])  # best at the top edge: one rung more
-    assert nbody_geometry.selection([*first, row(1e-2, 0.75)], "v", ref) == (3e-3, [])  # interior
-    assert nbody_geometry.selection([*first, row(1e-2, 0.6)], "v", ref) == (None, [3e-2])
+
+    def pick(rows):
+        grid = nbody_geometry.selection(rows, "v", ref)
+        return grid["pick"], grid["missing"], grid["edge"]
+
+    assert pick(first[:2]) == (None, [3e-3], False)
+    assert pick(first) == (None, [1e-2], True)  # best at the top edge: one rung more
+    assert pick([*first, row(1e-2, 0.75)]) == (3e-3, [], False)  # interior
+    assert pick([*first, row(1e-2, 0.6)]) == (None, [3e-2], True)
+    assert pick([*first, row(1e-2, 0.6), row(3e-2, 0.5)]) == (None, [1e-1], True)  # past the suite ladder's top
+    diverged = {**row(1e-1, 0.1), "status": "diverged: loss nan"}
+    assert pick([*first, row(1e-2, 0.6), row(3e-2, 0.5), diverged]) == (3e-2, [], False)  # scored as the worst
+    rising = [row(lr, 1.0 / (i + 1)) for i, lr in enumerate(nbody_geometry.LR_LADDER[2:])]
     top = nbody_geometry.LR_LADDER[-1]
-    assert nbody_geometry.selection([*first, row(1e-2, 0.6), row(top, 0.5)], "v", ref) == (top, [])  # ladder's end
+    assert pick(rising) == (top, [], True)  # the ladder's end: said so
+    failed = [{**r, "status": "diverged: loss nan"} for r in first]
+    assert nbody_geometry.selection(failed, "v", ref)["failed"]
     with pytest.raises(SystemExit):
         nbody_geometry.main(["--seeds", "0", "1", "--render"])
 

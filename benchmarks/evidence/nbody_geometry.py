@@ -9,8 +9,9 @@ Every variant (`VARIANT_NAMES`: the suite's baseline, ZPX full, PCT and Versor G
 trained on 5-body trajectories in `nbody_bodies`' tokenisation at a body-parameter-matched width (Versor
 equivariant: Versor GPA's width). Protocol, fixed before the runs:
 
-- lr selection on seed 0, which is never reported, over the middle of `LR_LADDER`; while the pick is at an edge
-  of the tried lrs, the next rung on that side is tried too (so a pick is interior, or at the ladder's end, said so).
+- lr selection on seed 0, which is never reported, starting from 3e-4, 1e-3, 3e-3 and widened along `LR_LADDER`
+  (`protocol.widen_grid`, as the suite and the LM study widen): while the pick is at an edge of the tried lrs, the
+  next rung on that side is tried too, so a pick is interior, or at the ladder's end, said so.
   Selection metric: the validation score 1/2 [log(rollout / CV rollout) + log(one-step / CV one-step)], position
   MSEs on the validation trajectories, CV = constant velocity on the same states. A smooth under-fit that rolls out
   well but predicts the next step badly pays for its one-step error, and a sharp fit that diverges for its rollout.
@@ -44,7 +45,8 @@ from transformers import AutoModel
 from benchmarks.evidence.models import VectorRegressor, build_model, count_parameters, match_width, model_config
 from benchmarks.evidence.nbody import paired_interval
 from benchmarks.evidence.nbody_bodies import BODY_CONFIG, GROUPS, references, run_bodies
-from benchmarks.evidence.protocol import TaskBudget
+from benchmarks.evidence.protocol import LR_LADDER as SUITE_LR_LADDER
+from benchmarks.evidence.protocol import TaskBudget, widen_grid
 from benchmarks.evidence.rows import RESULTS, append_row, machine, provenance, read_rows
 from benchmarks.evidence.stats import permutation_test
 
@@ -64,7 +66,9 @@ PARAMS = {
     "equivariance_states": 64,
 }
 BUDGET = TaskBudget(steps=600, batch=64, lr=1e-3, params=PARAMS)
-LR_LADDER = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
+# The suite's ladder and two rungs above it: body-token models picked 3e-2, the suite ladder's top (the optimum may
+# lie above it); a run that diverges is scored as the worst, so the top rungs cost a run, not a wrong pick.
+LR_LADDER = (*SUITE_LR_LADDER, 1e-1, 3e-1)
 FIRST_LRS = (3e-4, 1e-3, 3e-3)
 SELECTION_SEED = 0
 SEEDS = (1, 2, 3)
@@ -133,19 +137,11 @@ def val_score(row: dict[str, Any], ref: dict[str, Any]) -> float:
     return 0.5 * sum(math.log(r) for r in ratios)
 
 
-def selection(rows: list[dict[str, Any]], variant: str, ref: dict[str, Any]) -> tuple[float | None, list[float]]:
-    """(selected lr or None while a rung must still run, the lrs to run next) from the seed-0 rows."""
+def selection(rows: list[dict[str, Any]], variant: str, ref: dict[str, Any]) -> dict[str, Any]:
+    """`protocol.widen_grid` over this variant's seed-0 rows: "pick" (None while "missing" lrs must still run),
+    "edge" (the pick is at the ladder's end) and "failed" (every run diverged)."""
     tried = {r["lr"]: val_score(r, ref) for r in rows if r["variant"] == variant and r["seed"] == SELECTION_SEED}
-    missing = [lr for lr in FIRST_LRS if lr not in tried]
-    if missing:
-        return None, missing
-    best = min(tried, key=lambda lr: (tried[lr], lr))
-    lrs = sorted(tried)
-    rung = LR_LADDER.index(best)
-    for edge, step in ((lrs[0], -1), (lrs[-1], 1)):
-        if best == edge and 0 <= rung + step < len(LR_LADDER) and LR_LADDER[rung + step] not in tried:
-            return None, [LR_LADDER[rung + step]]
-    return best, []
+    return widen_grid(FIRST_LRS, tried.get, LR_LADDER)
 
 
 def study(variants: list[str], seeds: list[int], command: str) -> None:
@@ -158,8 +154,12 @@ def study(variants: list[str], seeds: list[int], command: str) -> None:
         size = width(variant)
         while True:
             rows = [r for r in read_rows(ROWS) if r["protocol"] == fingerprint()]
-            lr, pending = selection(rows, variant, ref)
-            jobs = [(SELECTION_SEED, x) for x in pending] if lr is None else [(s, lr) for s in seeds]
+            grid = selection(rows, variant, ref)
+            if grid.get("failed"):
+                print(f"[{variant}] every selection run diverged ({grid['grid']}): nothing to test", flush=True)
+                break
+            lr = grid["pick"]
+            jobs = [(SELECTION_SEED, x) for x in grid["missing"]] if lr is None else [(s, lr) for s in seeds]
             done = {(r["variant"], r["seed"], r["lr"]) for r in rows}
             jobs = [(s, x) for s, x in jobs if (variant, s, x) not in done]
             if not jobs:
@@ -226,12 +226,13 @@ def render() -> str:
         chosen.sort(key=lambda r: r["lr"])
         if not chosen:
             continue
-        lr, pending = selection(rows, variant, ref)
-        tried = [r["lr"] for r in chosen]
+        widened = selection(rows, variant, ref)
+        lr = widened["pick"]
         if lr is not None:
             selected[variant] = lr
-        edge = lr is not None and lr in (tried[0], tried[-1])
-        where = "not yet" if lr is None else f"{lr:g}" + (" (the ladder's end)" if edge else " (interior)")
+        where = "not yet" if lr is None else f"{lr:g}" + (" (the ladder's end)" if widened["edge"] else " (interior)")
+        if widened.get("failed"):
+            where = "every run diverged"
         grid = "; ".join(
             f"{r['lr']:g}: {val_score(r, ref):+.3f} ({r.get('final_train_loss', math.nan):.3g})" for r in chosen
         )
