@@ -27,6 +27,7 @@ from zpx_hf_train.report import (
     recall_verdict,
 )
 from zpx_hf_train.train import load_run_config
+from zpx_hf_train.train import main as train_main
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = str(ROOT / "configs" / "test-micro.yaml")
@@ -196,6 +197,18 @@ def test_main_job_reports_recall_against_the_floor_and_warns(tmp_path, capsys):
     assert "WARNING: learning_rate 0.003 is above 0.001" in captured.err
     assert "Learned: none." in text
     assert "---- what the model learned: recall tasks, held out ----" in captured.out
+
+
+def test_zpx_train_reports_recall_and_the_lr_hint_as_the_main_job_does(tmp_path, capsys):
+    quick = ["--max_steps", "2", "--eval_strategy", "no", "--save_strategy", "no", "--inspect", "false"]
+    assert train_main([MICRO, "--output_dir", str(tmp_path / "run"), "--tasks", "mqar", *quick]) == 0
+    captured = capsys.readouterr()
+    assert re.search(r"^\| mqar \| [0-9.]+ \|", captured.out, re.MULTILINE)  # the recall table, one row per task
+    assert "zpx-train: WARNING: recall task mqar is" in captured.err  # 2 steps learn no recall
+    assert "zpx-train: WARNING: learning_rate 0.003 is above 0.001" in captured.err  # the micro config's lr
+    assert train_main([MICRO, "--output_dir", str(tmp_path / "ok"), "--tasks", "mqar", "--learning_rate", "1e-3",
+                       *quick]) == 0  # fmt: skip
+    assert "learning_rate" not in capsys.readouterr().err  # at the family's ceiling: no hint
 
 
 def test_the_lr_hint_names_the_family_ceiling_only_above_it():

@@ -41,7 +41,7 @@ from .cli import EXIT_USAGE, HELP_FLAGS, guarded, usage_text
 from .data import TASK_SPECS, DataArguments
 from .package_data import data_folder
 from .tokenizer import is_byte_tokenizer
-from .train import config_name, load_run_config, run_training
+from .train import config_name, load_run_config, recall_rows, run_training, warn_unlearned
 
 DEFAULT_CONFIG = "zpx-tiny.yaml"  # in the shipped configs/ (`zpx_hf_train.package_data`), whatever the folder
 PROMPT = 'The "if" statement'
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     print(recall_table(recall))
     from transformers import TrainingArguments
 
-    warn_unlearned(recall, run.model_config.model_type, run.args[TrainingArguments].learning_rate)
+    warn_unlearned(recall, run.model_config.model_type, run.args[TrainingArguments].learning_rate, "zpx-main")
     train = result["train_metrics"]
     total = time.time() - started
     print(
@@ -193,43 +193,6 @@ def heldout_metrics(result: dict) -> dict:
     ):
         metrics["heldout_references"] = ngram_references(datasets["text_train"], datasets["heldout"])
     return metrics
-
-
-def recall_rows(result: dict, data: DataArguments) -> list[dict]:
-    """`report.recall_results` of a finished run, counting answer tokens in its held-out task sets, against each
-    task's copy floor at the run's task parameters."""
-    from .report import recall_floor, recall_results
-
-    tasks = result["datasets"]["tasks"]
-    # position 0 is BOS, never an answer: every answer_mask entry is an evaluated answer token
-    answer_tokens = {name: sum(map(sum, dataset["answer_mask"])) for name, dataset in tasks.items()}
-    floors = {name: recall_floor(name, TASK_SPECS[name].params(data)) for name in tasks}
-    return recall_results(result["metrics"], answer_tokens, floors)
-
-
-def warn_unlearned(recall: list[dict], model_type: str = "", learning_rate: float = 0.0) -> None:
-    """A warning on stderr for each recall task below the bar, one more when none reached it, and one when the lr
-    is above the range at which the family learned recall in the evidence suite (`report.lr_hint`)."""
-    from .report import RECALL_BAR, lr_hint
-
-    for row in recall:
-        if row["verdict"] != "learned":
-            print(
-                f"zpx-main: WARNING: recall task {row['task']} is {row['verdict']} (answer-token accuracy "
-                f"{row['token_accuracy']:.3f}, copy floor {row['floor']:.3f}, bar {RECALL_BAR}): this run did not "
-                "learn it.",
-                file=sys.stderr,
-            )
-    if recall and not any(row["verdict"] == "learned" for row in recall):
-        print(
-            f"zpx-main: WARNING: no recall task reached answer-token accuracy {RECALL_BAR} in this run: a newcomer "
-            "sees a model that did not learn recall (a shorter budget than the config's, or tasks this size "
-            "cannot learn in it).",
-            file=sys.stderr,
-        )
-    hint = lr_hint(model_type, learning_rate)
-    if hint and any(row["verdict"] != "learned" for row in recall):
-        print(f"zpx-main: WARNING: {hint}.", file=sys.stderr)
 
 
 def recall_sentence(recall: list[dict]) -> str:

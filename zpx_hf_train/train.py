@@ -22,6 +22,7 @@ from typing import Any
 from .cli import cli_main
 from .config import ConfigError, ModelArguments, RunArguments, RunConfig, build_model_config, parse_config_file
 from .data import (
+    TASK_SPECS,
     DataArguments,
     build_datasets,
     check_streaming_training,
@@ -85,7 +86,7 @@ def run_training(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
     """Train, save (model + code + tokenizer), evaluate, write report and card; push when asked.
 
     Steps (`zpx_hf_train.job`): open the run folder, build data and model, train and save, evaluate, report and
-    card, publish. Returns `{"output_dir", "metrics", "train_metrics", "trainer", "model", "datasets"}`;
+    card, publish. Returns `{"run", "output_dir", "metrics", "train_metrics", "trainer", "model", "datasets"}`;
     `model` is the trained model on the main process (under FSDP: the saved checkpoint reloaded whole).
     """
     from transformers import TrainingArguments, set_seed
@@ -112,6 +113,7 @@ def run_training(run: RunConfig, callbacks: Sequence = ()) -> dict[str, Any]:
             model, metrics = evaluate_trained(run, trainer, datasets, train_metrics, per_rank)
         publish(trainer, folders, f"{run.model_config.model_type}: trained with zpx-hf zpx-train", train_metrics)
     return {
+        "run": run,
         "output_dir": training_args.output_dir,
         "metrics": metrics,
         "train_metrics": train_metrics,
@@ -226,9 +228,61 @@ def model_card(
     return render_model_card(model_card_template(model_type), context, metadata)
 
 
+def recall_rows(result: dict, data: DataArguments) -> list[dict]:
+    """`report.recall_results` of a finished run, counting answer tokens in its held-out task sets, against each
+    task's copy floor at the run's task parameters."""
+    from .report import recall_floor, recall_results
+
+    tasks = result["datasets"]["tasks"]
+    # position 0 is BOS, never an answer: every answer_mask entry is an evaluated answer token
+    answer_tokens = {name: sum(map(sum, dataset["answer_mask"])) for name, dataset in tasks.items()}
+    floors = {name: recall_floor(name, TASK_SPECS[name].params(data)) for name in tasks}
+    return recall_results(result["metrics"], answer_tokens, floors)
+
+
+def warn_unlearned(recall: list[dict], model_type: str, learning_rate: float, prog: str) -> None:
+    """A warning on stderr for each recall task below the bar, one more when none reached it, and one when the lr
+    is above the range at which the family learned recall in the evidence suite (`report.lr_hint`)."""
+    from .report import RECALL_BAR, lr_hint
+
+    for row in recall:
+        if row["verdict"] != "learned":
+            print(
+                f"{prog}: WARNING: recall task {row['task']} is {row['verdict']} (answer-token accuracy "
+                f"{row['token_accuracy']:.3f}, copy floor {row['floor']:.3f}, bar {RECALL_BAR}): this run did not "
+                "learn it.",
+                file=sys.stderr,
+            )
+    if recall and not any(row["verdict"] == "learned" for row in recall):
+        print(
+            f"{prog}: WARNING: no recall task reached answer-token accuracy {RECALL_BAR} in this run: a newcomer "
+            "sees a model that did not learn recall (a shorter budget than the config's, or tasks this size "
+            "cannot learn in it).",
+            file=sys.stderr,
+        )
+    hint = lr_hint(model_type, learning_rate)
+    if hint and any(row["verdict"] != "learned" for row in recall):
+        print(f"{prog}: WARNING: {hint}.", file=sys.stderr)
+
+
+def finished(result: dict[str, Any]) -> str:
+    """zpx-train's last lines: each recall task's verdict (a WARNING for each one not learned, with the lr hint),
+    then where the model went."""
+    from transformers import TrainingArguments
+
+    from .report import recall_table
+
+    run = result["run"]
+    recall = recall_rows(result, run[DataArguments])
+    if recall:
+        print(recall_table(recall))
+        warn_unlearned(recall, run.model_config.model_type, run[TrainingArguments].learning_rate, "zpx-train")
+    return f"saved to {result['output_dir']}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`zpx-train CONFIG [--flag value ...]`."""
-    return cli_main(argv, __doc__, load_run_config, run_training, lambda result: f"saved to {result['output_dir']}")
+    return cli_main(argv, __doc__, load_run_config, run_training, finished)
 
 
 if __name__ == "__main__":
