@@ -16,6 +16,7 @@ import torch
 from benchmarks.evidence import (
     audit,
     lm_study,
+    lr_boundary,
     models,
     nbody,
     plan,
@@ -27,7 +28,7 @@ from benchmarks.evidence import (
     tasks,
     training,
 )
-from benchmarks.evidence.rows import append_row, provenance, read_rows
+from benchmarks.evidence.rows import RESULTS, append_row, provenance, read_rows
 from benchmarks.evidence.sizes import SIZES
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -42,7 +43,7 @@ LAYERS = (
     *("models", "runs", "sizes", "plan", "audit", "report", "suite"),
 )
 # entry points: nothing imports them
-TOOLS = ("calibrate", "nbody_study", "nbody_geometry", "pct_defaults", "lm_study", "__main__")
+TOOLS = ("calibrate", "nbody_study", "nbody_geometry", "pct_defaults", "lm_study", "lr_boundary", "__main__")
 
 
 def package_imports(path: Path) -> tuple[set[str], list[str]]:
@@ -790,3 +791,14 @@ def test_lr_ranges_use_the_copy_floor_and_constant_velocity_and_are_written_to_c
     )
     configurations = "\n".join(audit.configurations_markdown(plan.evidence_cells(["mqar"]), EVIDENCE))
     assert "= 9 configurations against 3 for every other cell" in configurations and "were not tuned" in configurations
+
+
+def test_lr_boundary_reruns_the_suite_jobs_where_the_baseline_alone_learned_and_never_seed_0(tmp_path):
+    suite = plan.index_rows(read_rows(RESULTS / "ablation_evidence.jsonl"), EVIDENCE)
+    for task, lr, variants in lr_boundary.BOUNDARY:
+        assert variants[0] == "baseline" and audit.learns(suite[("baseline", task, 0, lr)], EVIDENCE, None) == "learned"
+        for variant in variants[1:]:  # seed 0 of each other variant did not learn at that lr
+            assert audit.learns(suite[(variant, task, 0, lr)], EVIDENCE, None) != "learned", (variant, task)
+    assert all(seed != 0 for _, _, seed, _ in lr_boundary.jobs(lr_boundary.SEEDS))
+    with pytest.raises(SystemExit):
+        lr_boundary.main(["--seeds", "0", "1", "--render"])
