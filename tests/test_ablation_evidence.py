@@ -285,6 +285,8 @@ def test_an_edge_pick_widens_the_grid_by_the_next_half_decade_before_the_reporte
     assert plan.runnable([cell], _done(worse), EVIDENCE) == [("baseline", "mqar", s, 3e-3) for s in range(1, 5)]
     better = rows + [_row("baseline", "mqar", 0, 1e-2, 0.95)]
     assert plan.select(cell, _done(better), EVIDENCE)["widen"] == [3e-2]
+    best = better + [_row("baseline", "mqar", 0, 3e-2, 0.97)]  # past 3e-2 (N-body picks reached it): 1e-1 next
+    assert plan.select(cell, _done(best), EVIDENCE)["widen"] == [1e-1]
     # the low edge widens downwards; the LM study selects with the same helper
     low = [_row("baseline", "mqar", 0, lr, v) for lr, v in zip(EVIDENCE.lrs, (0.9, 0.8, 0.5))]
     assert plan.select(cell, _done(low), EVIDENCE)["widen"] == [1e-4]

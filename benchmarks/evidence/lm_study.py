@@ -61,7 +61,7 @@ from benchmarks.evidence.models import (
     family_of,
     match_width,
 )
-from benchmarks.evidence.protocol import LR_LADDER, SELECT_SEED, TaskBudget, widen_grid
+from benchmarks.evidence.protocol import SELECT_SEED, TaskBudget, widen_grid
 from benchmarks.evidence.report import EVIDENCE_LABELS, markdown_table
 from benchmarks.evidence.rows import RESULTS, append_row, machine, provenance, read_rows
 from benchmarks.evidence.runs import config_hash, step_flops
@@ -78,7 +78,10 @@ SPLITS = ("train", "val", "test")
 SPLIT_FRACTIONS = {"val": 0.05, "test": 0.05}  # the rest trains
 SPLIT_SEED = 0
 TEST_FOLDERS = frozenset({"test", "tests", "idle_test"})
-LR_START = (3e-4, 1e-3, 3e-3)  # widened along protocol.LR_LADDER; SELECT_SEED selects, never reported
+LR_START = (3e-4, 1e-3, 3e-3)  # widened along LR_LADDER; SELECT_SEED selects, never reported
+# The ladder the study's rows were selected along (part of its protocol id, so kept as they ran): every pick was
+# interior at 1e-3, far from its ends.
+LR_LADDER = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 NGRAM_ORDERS = (3, 5)
 WAIT_SECONDS = 30  # a study with only claimed jobs left polls the rows this often
 
@@ -425,7 +428,7 @@ def selection(variant: str, done: dict[Job, dict[str, Any]]) -> dict[str, Any]:
         job = (variant, SELECT_SEED, lr)
         return val_value(done[job]) if job in done else None
 
-    return widen_grid(LR_START, value)
+    return widen_grid(LR_START, value, LR_LADDER)
 
 
 def runnable(spec: LMSpec, done: dict[Job, dict[str, Any]]) -> list[Job]:
