@@ -384,7 +384,8 @@ def lr_range_markdown(entries: Sequence[dict[str, Any]], spec: SizeSpec, referen
         lines += [
             "Narrower than softmax + RoPE's range (lrs at which the baseline learns and the variant does not): "
             + "; ".join(narrow)
-            + ". The cause is not diagnosed here (no new runs); a user of those families needs the lr above.",
+            + ". One seed per lr: `lr_boundary.md` (`python -m benchmarks.evidence.lr_boundary`) reruns these "
+            "boundaries with seeds 1-3.",
             "",
         ]
     return lines
