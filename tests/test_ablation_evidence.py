@@ -804,3 +804,15 @@ def test_lr_boundary_reruns_the_suite_jobs_where_the_baseline_alone_learned_and_
     assert all(seed != 0 for _, _, seed, _ in lr_boundary.jobs(lr_boundary.SEEDS))
     with pytest.raises(SystemExit):
         lr_boundary.main(["--seeds", "0", "1", "--render"])
+
+
+def test_nbody_picks_that_under_fit_are_named_beside_the_references():
+    cell = plan.Cell("baseline", "nbody", 5, 0)
+    # validation rollout falls as the lr rises while the training loss rises: the rollout pick is the under-fit
+    fits = {3e-4: (0.0080, 0.20), 1e-3: (0.0079, 0.12), 3e-3: (0.0072, 0.17), 1e-2: (0.0071, 0.36)}
+    rows = [_row("baseline", "nbody", 0, lr, v, final_train_loss=loss) for lr, (v, loss) in fits.items()]
+    rows.append(_row("baseline", "nbody", 0, 3e-2, 0.0075, final_train_loss=0.5))
+    note = report.underfit_note(_done(rows), [cell], EVIDENCE)
+    assert "baseline at lr 0.01 (training loss 0.360; 0.120 at lr 0.001)" in note
+    fine = [r if r["lr"] != 1e-2 else {**r, "final_train_loss": 0.2} for r in rows]  # under 2x the best: no note
+    assert report.underfit_note(_done(fine), [cell], EVIDENCE) == ""

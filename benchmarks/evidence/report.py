@@ -22,7 +22,7 @@ import numpy as np
 
 from benchmarks.evidence import audit, plan
 from benchmarks.evidence.audit import markdown_table
-from benchmarks.evidence.protocol import EVAL_SEED, VAL_SEED
+from benchmarks.evidence.protocol import EVAL_SEED, SELECT_SEED, VAL_SEED
 from benchmarks.evidence.rows import CALIBRATION_TRIALS, read_rows
 from benchmarks.evidence.stats import (
     ALPHA,
@@ -595,6 +595,9 @@ def evidence_claims(
     ]
 
 
+UNDERFIT_RATIO = 2.0  # a pick's training loss over its cell's lowest (seed 0) above which the note names it
+
+
 def nbody_reference_lines(done: dict, cells: Sequence[Any], spec: Any, reference: dict) -> list[str]:
     """The trivial predictors beside each N-body column, and where every variant sits between them: a zero-shot
     test on which all models score like the static-positions predictor measures no inference."""
@@ -636,7 +639,35 @@ def nbody_reference_lines(done: dict, cells: Sequence[Any], spec: Any, reference
                 else "."
             )
         )
-    return [text, ""]
+    return [text + underfit_note(done, cells, spec), ""]
+
+
+def underfit_note(done: dict, cells: Sequence[Any], spec: Any) -> str:
+    """Where an N-body pick trained to a much higher loss than its cell's best-fitting lr: selection on validation
+    rollout rewards a smooth under-fit (issue 37, item 3), and the verdicts inherit it."""
+    flagged = []
+    for cell in cells:
+        chosen = plan.select(cell, done, spec) if cell.task == "nbody" else None
+        if not chosen or chosen.get("failed"):
+            continue
+        losses = {
+            lr: done[(chosen["variant"], cell.task, SELECT_SEED, lr)].get("final_train_loss", math.nan)
+            for lr in chosen["lrs"]
+            if (chosen["variant"], cell.task, SELECT_SEED, lr) in done
+        }
+        best = min((lr for lr in losses if math.isfinite(losses[lr])), key=losses.get, default=None)
+        if best is not None and losses.get(chosen["lr"], math.nan) > UNDERFIT_RATIO * losses[best]:
+            flagged.append(
+                f"{cell.name} at lr {chosen['lr']:g} (training loss {losses[chosen['lr']]:.3f}; "
+                f"{losses[best]:.3f} at lr {best:g})"
+            )
+    if not flagged:
+        return ""
+    return (
+        " Selection on validation rollout MSE rewards a smooth under-fit: these picks trained to more than "
+        f"{UNDERFIT_RATIO:g}x the loss of their best-fitting lr (seed 0): " + "; ".join(flagged) + ". Their N-body "
+        "verdicts compare under-fitted models; `nbody_geometry` selects on rollout and one-step error together."
+    )
 
 
 def curve_plot(done: dict, cells: Sequence[Any], spec: Any, stem: Path) -> Path | None:
