@@ -40,7 +40,6 @@ BOUNDARY = (
     ("mqar", 3e-3, ("baseline", "softmax_srpe", "zpx_angle", "zpx_full")),
     ("passkey", 1e-3, ("baseline", "zpx_full", "pct")),
 )
-MARK = {"learned": "✓", "above the floor, below the bar": "~"}
 
 
 def jobs(seeds: tuple[int, ...]) -> list[tuple[str, str, int, float]]:
@@ -72,8 +71,9 @@ def study(seeds: tuple[int, ...], workers: int, command: str) -> None:
         }
         for variant, task, seed, lr in todo
     ]
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
-        for row in pool.map(run_job, payloads):
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:  # each row saved as its run ends
+        for future in concurrent.futures.as_completed([pool.submit(run_job, p) for p in payloads]):
+            row = future.result()
             append_row(ROWS, {**row, "command": command})
             key, _ = SELECTION[row["task"]]
             verdict = audit.learns(row, spec, None)
@@ -86,7 +86,7 @@ def cell(row: dict[str, Any] | None, spec: Any) -> str:
     if row is None:
         return "-"
     key, _ = SELECTION[row["task"]]
-    return f"{row.get(key, float('nan')):.3f} {MARK.get(audit.learns(row, spec, None), '✗')}"
+    return f"{row.get(key, float('nan')):.3f} {audit.MARK.get(audit.learns(row, spec, None), '✗')}"
 
 
 def render() -> str:
@@ -115,7 +115,7 @@ def render() -> str:
             lines.append(
                 f"| {task} | {lr:g} | {variant} | {cell(suite.get((variant, task, SELECT_SEED, lr)), spec)} "
                 f"| {seeds} | {sum(v == 'learned' for v in verdicts)} / {len(runs)} "
-                f"| {sum(v in MARK for v in verdicts)} / {len(runs)} |"
+                f"| {sum(v in audit.MARK for v in verdicts)} / {len(runs)} |"
             )
     return "\n".join(lines) + "\n"
 
