@@ -84,7 +84,7 @@ EVIDENCE_FINGERPRINTS = {
     "passkey": "466236a302",
     "passkey_long": "51932b965f",
     "spiral": "1236ed346c",
-    "nbody": "f3b11f5447",
+    "nbody": "9dbb74cfd4",  # select_on rollout_onestep (issue 37); f3b11f5447 before
 }
 
 
@@ -304,7 +304,7 @@ def test_lower_is_better_failed_runs_excluded_and_nbody_falls_back_to_test_loudl
     assert plan.select(cell, _done(rows), EVIDENCE)["lr"] == 1e-3
     # a protocol without a validation split: only the test metric
     old = [
-        {**{k: v for k, v in r.items() if k != "val_position_mse"}, "position_mse": r["val_position_mse"]}
+        {**{k: v for k, v in r.items() if k != "val_select_score"}, "select_score": r["val_select_score"]}
         for r in rows[:2]
     ]
     old += rows[2:]
@@ -775,7 +775,9 @@ def test_lr_ranges_use_the_copy_floor_and_constant_velocity_and_are_written_to_c
     rows = [_row("zpx_full", "mqar", 0, lr, x, shape=[512, 8]) for lr, x in zip(EVIDENCE.lrs, (at, above, 0.95))]
     rows += [_row("baseline", "mqar", 0, lr, x, shape=[512, 8]) for lr, x in zip(EVIDENCE.lrs, (0.95, 0.92, 0.5))]
     reference = {"val_const_velocity_position_mse": 0.008}
-    rows += [_row("pct", "nbody", 0, lr, x) for lr, x in zip(EVIDENCE.lrs, (0.009, 0.007, 0.006))]
+    # N-body learns by the rollout against constant velocity, whatever the selection score says
+    nbody_runs = zip(EVIDENCE.lrs, (0.009, 0.007, 0.006), (-0.5, 0.1, 0.2))
+    rows += [_row("pct", "nbody", 0, lr, score, val_position_mse=x) for lr, x, score in nbody_runs]
     entries = {(e["variant"], e["task"]): e for e in audit.lr_ranges(_done(rows), EVIDENCE, reference)}
     zpx = entries[("zpx_full", "mqar")]
     assert [r["verdict"] for r in zpx["runs"]] == ["at the floor", "above the floor, below the bar", "learned"]
@@ -814,5 +816,6 @@ def test_nbody_picks_that_under_fit_are_named_beside_the_references():
     rows.append(_row("baseline", "nbody", 0, 3e-2, 0.0075, final_train_loss=0.5))
     note = report.underfit_note(_done(rows), [cell], EVIDENCE)
     assert "baseline at lr 0.01 (training loss 0.360; 0.120 at lr 0.001)" in note
+    assert note.startswith(" Selected on validation rollout and one-step error together")  # EVIDENCE's rule
     fine = [r if r["lr"] != 1e-2 else {**r, "final_train_loss": 0.2} for r in rows]  # under 2x the best: no note
     assert report.underfit_note(_done(fine), [cell], EVIDENCE) == ""

@@ -99,6 +99,48 @@ def test_reference_and_run_row_metrics():
     assert len(row["hidden_velocity_position_mse_per_trajectory"]) == SMALL["zero_shot_trajectories"]
     assert np.mean(row["position_mse_per_trajectory"]) == pytest.approx(row["position_mse"], rel=1e-3)
     assert row["val_position_mse"] != row["position_mse"]  # distinct trajectories
+    # the default selection score (SMALL has no select_on): log(rollout / CV) on validation
+    assert row["val_select_score"] == pytest.approx(
+        np.log(row["val_position_mse"] / ref["val_const_velocity_position_mse"])
+    )
+    both = {**SMALL, "select_on": "rollout_onestep"}
+    job["spec"] = asdict(SizeSpec(32, 1, 2, {"nbody": TaskBudget(2, 2, 1e-3, params=both, warmup=1)}, 1, (1,), 1, 1))
+    row = runs.run_job(job)
+    ratios = (
+        row["val_position_mse"] / ref["val_const_velocity_position_mse"],
+        row["val_onestep_position_mse"] / ref["val_const_velocity_onestep_position_mse"],
+    )
+    assert row["val_select_score"] == pytest.approx(0.5 * (np.log(ratios[0]) + np.log(ratios[1])))
+    assert row["select_score"] == pytest.approx(
+        0.5 * np.log(row["position_mse"] / ref["const_velocity_position_mse"])
+        + 0.5 * np.log(row["onestep_position_mse"] / ref["const_velocity_onestep_position_mse"])
+    )
+
+
+def test_a_zero_output_scores_as_constant_velocity_and_one_step_error_outranks_a_smooth_under_fit():
+    data = nbody.nbody_data(SMALL, nbody.NBODY_VAL_SEED, 3)
+    states = torch.tensor(data["states"], dtype=torch.float64)
+    norm = nbody.Normaliser(states, "cv_residual")
+    cv = nbody.cv_errors(data, SMALL)
+    rollout = nbody.score(zero_model, data, SMALL, norm, "cpu")["position_mse"]
+    onestep = nbody.onestep_position_mse(zero_model, data, SMALL, norm, "cpu")
+    # a zero residual is constant velocity, the selection score's 0, under either rule (float32 states)
+    for rule in nbody.SELECT_ON:
+        assert abs(nbody.select_score({**SMALL, "select_on": rule}, rollout, onestep, cv)) < 1e-5
+    # issue 37: an under-fit near constant velocity (rollout 0.9 CV, one-step 0.95 CV) against a fit model whose
+    # rollout drifts a little more (1.1 CV) but whose one step is 5x better: rollout alone picks the under-fit
+    under, fit = (0.9, 0.95), (1.1, 0.2)
+
+    def scores(rule):
+        params = {**SMALL, "select_on": rule}
+        return [
+            nbody.select_score(params, r * cv["position_mse"], o * cv["onestep_position_mse"], cv)
+            for r, o in (under, fit)
+        ]
+
+    assert scores("rollout")[0] < scores("rollout")[1]
+    assert scores("rollout_onestep")[1] < scores("rollout_onestep")[0]
+    assert nbody.select_score(SMALL, float("nan"), onestep, cv) == float("inf")  # a diverged run is the worst
 
 
 def test_protocol_errors_name_the_field():
@@ -106,3 +148,5 @@ def test_protocol_errors_name_the_field():
         nbody.check_protocol({**SMALL, "target": "absolute"})
     with pytest.raises(ValueError, match="train_length"):
         nbody.check_protocol({**SMALL, "rollout": 20})
+    with pytest.raises(ValueError, match="select_on='onestep'"):
+        nbody.check_protocol({**SMALL, "select_on": "onestep"})

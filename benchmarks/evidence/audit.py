@@ -295,11 +295,17 @@ def learn_criterion(task: str, spec: SizeSpec, reference: dict[str, Any] | None)
     return None
 
 
+def learn_key(task: str) -> str:
+    """The validation metric a learning verdict reads: the selection metric, except N-body's validation rollout MSE
+    (learning is beating constant velocity's rollout, whatever the selection score weighs in)."""
+    return "val_position_mse" if task == "nbody" else SELECTION[task][0]
+
+
 def learns(row: dict[str, Any], spec: SizeSpec, reference: dict[str, Any] | None) -> str:
     """`learned` / `above the floor` / `at the floor` (token tasks, `recall_verdict` on the validation metric),
     `beats constant velocity` / `no better than constant velocity` (N-body), `failed` or `no floor`."""
     task = row["task"]
-    key, _ = SELECTION[task]
+    key = learn_key(task)
     if row.get("status") != "ok" or key not in row:
         return "failed"
     if task in TOKEN_TASKS:
@@ -324,7 +330,7 @@ def lr_ranges(done: dict, spec: SizeSpec, reference: dict[str, Any] | None) -> l
             runs.setdefault((variant, task), {})[lr] = row
     out = []
     for (variant, task), by_lr in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        key, _ = SELECTION[task]
+        key = learn_key(task)
         entries = [
             {"lr": lr, "value": by_lr[lr].get(key), "verdict": learns(by_lr[lr], spec, reference)}
             for lr in sorted(by_lr)

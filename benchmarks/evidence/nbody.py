@@ -68,6 +68,15 @@ ZERO_SHOT_MASS = 10.0
 TARGETS = ("delta", "cv_residual")
 
 
+# The lr-selection score a row records as `val_select_score` (lower is better; CV: constant velocity on the same
+# trajectories):
+#   rollout:          log(rollout / CV)                                   (the protocol before issue 37)
+#   rollout_onestep:  1/2 [log(rollout / CV) + log(one-step / CV)]        (nbody_geometry's; issue 37, item 3)
+# Rollout alone rewards a smooth under-fit (a model near zero output is constant velocity, which rolls out well);
+# the one-step term makes a pick also predict the next state.
+SELECT_ON = ("rollout", "rollout_onestep")
+
+
 NBODY_PROTOCOL = {
     "context": 10,
     "rollout": 50,
@@ -90,6 +99,8 @@ def check_protocol(params: dict[str, Any]) -> None:
         raise ValueError(f"nbody params lack {missing}; start from benchmarks.evidence.nbody.NBODY_PROTOCOL.")
     if params.get("target", "delta") not in TARGETS:
         raise ValueError(f"nbody params target={params['target']!r}: use one of {TARGETS}.")
+    if params.get("select_on", "rollout") not in SELECT_ON:
+        raise ValueError(f"nbody params select_on={params['select_on']!r}: use one of {SELECT_ON}.")
     if params["context"] + params["rollout"] > params["train_length"]:
         raise ValueError("nbody params: context + rollout must not exceed train_length (the trajectory length).")
 
@@ -202,6 +213,44 @@ def onestep_position_mse(model: Any, data: dict[str, np.ndarray], params: dict, 
     return float(np.mean((positions(pred) - positions(data["states"][:, context : context + steps])) ** 2))
 
 
+def cv_log_ratio(rollout: float, onestep: float | None, cv_rollout: float, cv_onestep: float | None) -> float:
+    """log(rollout / cv_rollout), or with `onestep` 1/2 [log(rollout / cv_rollout) + log(onestep / cv_onestep)]: the
+    selection score (lower is better; 0: constant velocity). inf for a non-finite or non-positive error."""
+    pairs = [(rollout, cv_rollout)] + ([] if onestep is None else [(onestep, cv_onestep)])
+    if not all(math.isfinite(e) and e > 0 for e, _ in pairs):
+        return math.inf
+    return sum(math.log(e / cv) for e, cv in pairs) / len(pairs)
+
+
+def cv_errors(data: dict[str, np.ndarray], params: dict[str, Any], hidden: bool = False) -> dict[str, Any]:
+    """Constant velocity on one trajectory set: rollout from the last context state (true v there; with `hidden` the
+    velocity a positions-only predictor has, the last finite difference) and one step from every true state of the
+    rollout span, position MSE against the simulator, with the per-trajectory errors and the static-positions
+    rollout."""
+    context, steps = params["context"], params["rollout"]
+    start = context - 1
+    x, v = split_state(data["states"].astype(np.float64), NBODY["bodies"], NBODY["dim"])
+    true_x = x[:, context : context + steps]
+    velocity = (x[:, start] - x[:, start - 1]) / NBODY_DT if hidden else v[:, start]
+    pred_x = extrapolate(x, velocity, start, steps)
+    onestep = x[:, start : start + steps] + v[:, start : start + steps] * NBODY_DT
+    return {
+        "position_mse": rollout_mse(pred_x, true_x),
+        "per_trajectory": per_trajectory(pred_x, true_x),
+        "onestep_position_mse": rollout_mse(onestep, true_x),
+        "static_position_mse": rollout_mse(np.broadcast_to(x[:, start : start + 1], true_x.shape), true_x),
+        "final_positions": pred_x[:, -1],
+    }
+
+
+def select_score(params: dict[str, Any], rollout: float, onestep: float, cv: dict[str, Any]) -> float:
+    """The selection score of `params["select_on"]` (see SELECT_ON) from a model's errors and `cv_errors`."""
+    both = params.get("select_on", "rollout") == "rollout_onestep"
+    return cv_log_ratio(
+        rollout, onestep if both else None, cv["position_mse"], cv["onestep_position_mse"] if both else None
+    )
+
+
 def training_loss(
     model: Any, train: torch.Tensor, norm: Normaliser, budget: TaskBudget, seed: int, device: str
 ) -> Callable[[int], torch.Tensor]:
@@ -240,9 +289,16 @@ def run_nbody(model: Any, budget: TaskBudget, seed: int, device: str) -> dict[st
     result.update({k: metrics[k] for k in ("position_mse", "state_mse", "energy_drift")})
     result["position_mse_per_trajectory"] = metrics["per_trajectory"]
     result["onestep_position_mse"] = onestep_position_mse(model, test, params, norm, device)
+    result["select_score"] = select_score(
+        params, result["position_mse"], result["onestep_position_mse"], cv_errors(test, params)
+    )
     if params.get("val_trajectories"):
         val = nbody_data(params, NBODY_VAL_SEED, params["val_trajectories"])
         result["val_position_mse"] = score(model, val, params, norm, device)["position_mse"]
+        result["val_onestep_position_mse"] = onestep_position_mse(model, val, params, norm, device)
+        result["val_select_score"] = select_score(
+            params, result["val_position_mse"], result["val_onestep_position_mse"], cv_errors(val, params)
+        )
     zero_shot = params.get("zero_shot_trajectories", 0)
     if zero_shot:  # the same initial states at mass 1 (velocities hidden) and at mass 10
         heavy = score(model, nbody_data(params, NBODY_TEST_SEED, zero_shot, ZERO_SHOT_MASS), params, norm, device)
@@ -277,20 +333,16 @@ def nbody_reference(params: dict[str, Any]) -> dict[str, Any]:
         if not num:
             continue
         data = nbody_data(params, seed, num, mass)
-        x, v = split_state(data["states"].astype(np.float64), NBODY["bodies"], NBODY["dim"])
-        true_x = x[:, context : context + steps]
-        # hidden velocity: the velocity a positions-only predictor has, the last finite difference
-        velocity = (x[:, start] - x[:, start - 1]) / NBODY_DT if prefix == "hidden_velocity_" else v[:, start]
-        pred_x = extrapolate(x, velocity, start, steps)
-        out[f"{prefix}const_velocity_position_mse"] = rollout_mse(pred_x, true_x)
-        out[f"{prefix}const_velocity_position_mse_per_trajectory"] = per_trajectory(pred_x, true_x)
-        static = np.broadcast_to(x[:, start : start + 1], true_x.shape)
-        out[f"{prefix}static_position_mse"] = rollout_mse(static, true_x)
+        cv = cv_errors(data, params, hidden=prefix == "hidden_velocity_")
+        out[f"{prefix}const_velocity_position_mse"] = cv["position_mse"]
+        out[f"{prefix}const_velocity_position_mse_per_trajectory"] = cv["per_trajectory"]
+        out[f"{prefix}static_position_mse"] = cv["static_position_mse"]
+        if prefix in ("", "val_"):
+            out[f"{prefix}const_velocity_onestep_position_mse"] = cv["onestep_position_mse"]
         if prefix == "":
-            final_e = nbody_energy(pred_x[:, -1], v[:, start], data["masses"])
+            velocity = split_state(data["states"][:, start].astype(np.float64), NBODY["bodies"], NBODY["dim"])[1]
+            final_e = nbody_energy(cv["final_positions"], velocity, data["masses"])
             out["const_velocity_energy_drift"] = relative_energy_drift(final_e, data["energy"][:, start])
             drift = relative_energy_drift(data["energy"][:, start + steps], data["energy"][:, start])
             out["simulator_energy_drift"] = drift
-            onestep = x[:, start : start + steps] + v[:, start : start + steps] * NBODY_DT
-            out["const_velocity_onestep_position_mse"] = rollout_mse(onestep, true_x)
     return out

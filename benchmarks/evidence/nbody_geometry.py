@@ -43,7 +43,7 @@ import torch
 from transformers import AutoModel
 
 from benchmarks.evidence.models import VectorRegressor, build_model, count_parameters, match_width, model_config
-from benchmarks.evidence.nbody import paired_interval
+from benchmarks.evidence.nbody import cv_log_ratio, paired_interval
 from benchmarks.evidence.nbody_bodies import BODY_CONFIG, GROUPS, references, run_bodies
 from benchmarks.evidence.protocol import LR_LADDER, TaskBudget, widen_grid
 from benchmarks.evidence.rows import RESULTS, append_row, machine, provenance, read_rows
@@ -123,14 +123,16 @@ def run(variant: str, seed: int, lr: float, size: dict[str, Any], stamp: dict[st
 
 
 def val_score(row: dict[str, Any], ref: dict[str, Any]) -> float:
-    """1/2 [log(rollout / CV) + log(one-step / CV)] on the validation trajectories (lower is better; nan: diverged)."""
+    """1/2 [log(rollout / CV) + log(one-step / CV)] on the validation trajectories (`nbody.cv_log_ratio`; lower is
+    better; inf: diverged)."""
     if row.get("status", "ok") != "ok":  # rows written before the status field completed (a divergence raised)
         return math.inf
-    rollout, onestep = row["val_position_mse"], row["val_onestep_position_mse"]
-    if not (math.isfinite(rollout) and math.isfinite(onestep)) or min(rollout, onestep) <= 0:
-        return math.inf
-    ratios = rollout / ref["val_position_mse"], onestep / ref["val_onestep_position_mse"]
-    return 0.5 * sum(math.log(r) for r in ratios)
+    return cv_log_ratio(
+        row["val_position_mse"],
+        row["val_onestep_position_mse"],
+        ref["val_position_mse"],
+        ref["val_onestep_position_mse"],
+    )
 
 
 def selection(rows: list[dict[str, Any]], variant: str, ref: dict[str, Any]) -> dict[str, Any]:

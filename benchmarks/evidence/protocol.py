@@ -126,5 +126,5 @@ SELECTION = {
     "passkey": ("val_passkey_digit_acc@1x", True),
     "passkey_long": ("val_passkey_digit_acc@1x", True),
     "text": ("val_perplexity", False),
-    "nbody": ("val_position_mse", False),
+    "nbody": ("val_select_score", False),  # nbody.SELECT_ON: the budget's params["select_on"]
 }

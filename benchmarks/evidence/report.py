@@ -644,7 +644,7 @@ def nbody_reference_lines(done: dict, cells: Sequence[Any], spec: Any, reference
 
 def underfit_note(done: dict, cells: Sequence[Any], spec: Any) -> str:
     """Where an N-body pick trained to a much higher loss than its cell's best-fitting lr: selection on validation
-    rollout rewards a smooth under-fit (issue 37, item 3), and the verdicts inherit it."""
+    rollout alone rewards a smooth under-fit (issue 37, item 3), and the verdicts inherit it."""
     flagged = []
     for cell in cells:
         chosen = plan.select(cell, done, spec) if cell.task == "nbody" else None
@@ -663,10 +663,17 @@ def underfit_note(done: dict, cells: Sequence[Any], spec: Any) -> str:
             )
     if not flagged:
         return ""
+    if spec.budgets["nbody"].params.get("select_on", "rollout") == "rollout":
+        lead, tail = "Selection on validation rollout MSE rewards a smooth under-fit: these", (
+            "; `nbody_geometry` selects on rollout and one-step error together."
+        )
+    else:
+        lead, tail = "Selected on validation rollout and one-step error together, these", "."
     return (
-        " Selection on validation rollout MSE rewards a smooth under-fit: these picks trained to more than "
-        f"{UNDERFIT_RATIO:g}x the loss of their best-fitting lr (seed 0): " + "; ".join(flagged) + ". Their N-body "
-        "verdicts compare under-fitted models; `nbody_geometry` selects on rollout and one-step error together."
+        f" {lead} picks trained to more than {UNDERFIT_RATIO:g}x the loss of their best-fitting lr (seed 0): "
+        + "; ".join(flagged)
+        + ". Their N-body verdicts compare under-fitted models"
+        + tail
     )
 
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from benchmarks.evidence.nbody import NBODY_PROTOCOL
@@ -29,6 +30,9 @@ MEDIUM_BUDGETS = {
     "spiral": TaskBudget(steps=400, batch=64, lr=1e-3, params={"num_points": 24}),
     "nbody": TaskBudget(steps=300, batch=16, lr=1e-3, params=NBODY_PROTOCOL),
 }
+# The evidence N-body protocol selects its lr on rollout and one-step error together (issue 37, item 3: rollout alone
+# picked smooth under-fits, training losses 2-6x the best lr's); `nbody.SELECT_ON`
+NBODY_SELECTED = {**NBODY_PROTOCOL, "select_on": "rollout_onestep"}
 LR_GRID = (3e-4, 1e-3, 3e-3)  # the evidence protocol's learning rates (issue 21), selected on validation
 MAX_TIER = 3  # the evidence plan's default last tier: tier 4 (spiral) only with --max-tier 4
 
@@ -55,7 +59,7 @@ SIZES = {
                 "spiral": {"num_points": 8},
                 "listops": LISTOPS_TINY,
                 "nbody": {
-                    **NBODY_PROTOCOL,
+                    **NBODY_SELECTED,
                     "train_length": 60,
                     "train_trajectories": 16,
                     "val_trajectories": 8,
@@ -91,7 +95,8 @@ SIZES = {
             # the same tokens per step as the 80-token needle's batch 32 x 1.6; not calibrated (see the curves)
             "passkey_long": TaskBudget(steps=400, batch=8, lr=1e-3, params={**NEEDLE_80, "length": 512}),
             "spiral": MEDIUM_BUDGETS["spiral"],
-            "nbody": MEDIUM_BUDGETS["nbody"],  # NBODY_PROTOCOL: 200 test trajectories (issue 21)
+            # NBODY_PROTOCOL: 200 test trajectories (issue 21), selected on rollout and one-step error (issue 37)
+            "nbody": replace(MEDIUM_BUDGETS["nbody"], params=NBODY_SELECTED),
         },
         eval_examples=512,
         passkey_multiples=(1, 2, 4, 8),
@@ -119,7 +124,7 @@ SIZES = {
                 params={
                     "mqar": {"num_pairs": 12, "num_queries": 24, "query_replacement": True},
                     "spiral": {"num_points": 48},
-                    "nbody": {**NBODY_PROTOCOL, "train_trajectories": 2048, "eval_trajectories": 512},
+                    "nbody": {**NBODY_SELECTED, "train_trajectories": 2048, "eval_trajectories": 512},
                 },
             ),
             "passkey": TaskBudget(steps=3000, batch=16, lr=1e-3, params={**NEEDLE_80, "length": 2048}),
