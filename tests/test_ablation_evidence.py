@@ -101,10 +101,15 @@ def test_the_evidence_protocol_budgets_and_plan_are_those_its_rows_ran():
     cells = plan.evidence_cells(list(EVIDENCE.budgets))
     assert [(c.name, c.task, c.seeds, c.tier) for c in cells] == expected
     # the committed rows of this protocol are all current (none silently superseded), except the `pct` rows of
-    # PCT's defaults version 2 (no variant revision), superseded by revision 3 and listed as such
+    # PCT's defaults version 2 (no variant revision), superseded by revision 3, and the N-body rows selected on
+    # rollout alone (budget f3b11f5447), superseded by select_on rollout_onestep; the report lists both
     rows = read_rows(BENCH / "results" / "ablation_evidence.jsonl")
     ours = [r for r in rows if r.get("protocol") == EVIDENCE.protocol]
-    current = [r for r in ours if not (r["variant"] == "pct" and "variant_revision" not in r)]
+    superseded = [
+        r for r in ours if (r["variant"] == "pct" and "variant_revision" not in r) or r["budget"] == "f3b11f5447"
+    ]
+    current = [r for r in ours if r not in superseded]
+    assert sum(r["budget"] == EVIDENCE_FINGERPRINTS["nbody"] for r in current) == 51
     assert ours and len(_done(ours)) == len({plan.job_of(r, EVIDENCE) for r in current})
 
 

@@ -595,6 +595,11 @@ def evidence_claims(
     ]
 
 
+NBODY_SELECTION = {  # nbody.SELECT_ON, in words
+    "rollout": "log(rollout position MSE / CV's)",
+    "rollout_onestep": "1/2 [log(rollout position MSE / CV's) + log(one-step position MSE / CV's)]",
+}
+
 UNDERFIT_RATIO = 2.0  # a pick's training loss over its cell's lowest (seed 0) above which the note names it
 
 
@@ -664,8 +669,9 @@ def underfit_note(done: dict, cells: Sequence[Any], spec: Any) -> str:
     if not flagged:
         return ""
     if spec.budgets["nbody"].params.get("select_on", "rollout") == "rollout":
-        lead, tail = "Selection on validation rollout MSE rewards a smooth under-fit: these", (
-            "; `nbody_geometry` selects on rollout and one-step error together."
+        lead, tail = (
+            "Selection on validation rollout MSE rewards a smooth under-fit: these",
+            ("; `nbody_geometry` selects on rollout and one-step error together."),
         )
     else:
         lead, tail = "Selected on validation rollout and one-step error together, these", "."
@@ -833,8 +839,13 @@ def write_evidence(
         "on the needle and the ZPX ladder, 2 for the same-length needle and spiral. Validation accuracy is "
         f"recorded at {', '.join(f'{f:g}' for f in spec.checkpoints)} of the step budget (curves). Training FLOPs: "
         "torch.utils.flop_counter on one training step (forward + backward; matrix products and attention, "
-        "elementwise ops not counted) times the steps. N-body: selection on the row's `val_*` metric when the "
-        "N-body protocol provides one (else on the test metric, flagged in the selection table). Model: "
+        "elementwise ops not counted) times the steps. N-body: selection on "
+        + NBODY_SELECTION[
+            spec.budgets["nbody"].params.get("select_on", "rollout") if "nbody" in spec.budgets else "rollout"
+        ]
+        + " on the validation trajectories (CV: constant velocity; the test trajectories' when a protocol has no "
+        "validation split, flagged in the selection table); learning (the lr-range table) is a validation rollout "
+        "below constant velocity's. Model: "
         f"{spec.layers} layers, baseline hidden {spec.hidden}, {spec.heads} heads, parameter-matched ±10% (Versor "
         f"hidden searched up to {spec.versor_max_hidden}).",
         "",
