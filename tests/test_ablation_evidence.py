@@ -724,6 +724,15 @@ def test_convergence_names_a_budget_that_measures_speed_of_learning():
     assert "speed of learning" not in "\n".join(
         audit.convergence_markdown(audit.convergence(_done(done), cells, EVIDENCE), EVIDENCE)
     )
+    # N-body: a regression loss has no bar, so its budget is named as speed of learning, with the losses
+    nbody = [plan.Cell("baseline", "nbody", 3, 0)]
+    runs = [_row("baseline", "nbody", 0, lr, x) for lr, x in zip(EVIDENCE.lrs, (-0.1, -0.3, -0.2))]
+    runs += [_row("baseline", "nbody", s, 1e-3, -0.3, final_train_loss=x) for s, x in ((1, 0.12), (2, 0.2))]
+    entries = audit.convergence(_done(runs), nbody, EVIDENCE)
+    assert [(e["cell"], e["converged"], e["seeds"]) for e in entries] == [("baseline", None, 2)]
+    text = "\n".join(audit.convergence_markdown(entries, EVIDENCE))
+    assert "| baseline / nbody | 300 | no bar | 0.120 - 0.200 |" in text
+    assert "**nbody at 300 steps measures speed of learning**" in text and "(training losses 0.120 - 0.200)" in text
 
 
 def test_body_parameters_exclude_embedding_and_head_and_nbody_flops_match_its_training_step():

@@ -33,13 +33,14 @@ def converged(row: dict[str, Any]) -> bool:
 
 
 def convergence(done: dict, cells: Sequence[plan.Cell], spec: SizeSpec) -> list[dict[str, Any]]:
-    """Per token-task cell: how many reported seeds converged within the step budget, and their training losses."""
+    """Per token-task cell: how many reported seeds converged within the step budget, and their training losses;
+    per N-body cell the losses only (`converged` None: a regression loss has no bar)."""
     out = []
     for cell in cells:
         rows = plan.reported_rows(cell, done, spec)
         losses = [r["final_train_loss"] for r in rows if "final_train_loss" in r]
-        if cell.task in TOKEN_TASKS and losses:
-            k = sum(converged(r) for r in rows)
+        if cell.task in (*TOKEN_TASKS, "nbody") and losses:
+            k = sum(converged(r) for r in rows) if cell.task in TOKEN_TASKS else None
             out.append({"cell": cell.name, "task": cell.task, "converged": k, "seeds": len(losses), "losses": losses})
     return out
 
@@ -51,7 +52,7 @@ def convergence_markdown(entries: Sequence[dict[str, Any]], spec: SizeSpec) -> l
         [
             f"{e['cell']} / {e['task']}",
             f"{spec.budgets[e['task']].steps:,}",
-            f"{e['converged']} of {e['seeds']}",
+            "no bar" if e["converged"] is None else f"{e['converged']} of {e['seeds']}",
             f"{min(e['losses']):.3f} - {max(e['losses']):.3f}",
         ]
         for e in entries
@@ -67,6 +68,15 @@ def convergence_markdown(entries: Sequence[dict[str, Any]], spec: SizeSpec) -> l
     ]
     for task in dict.fromkeys(e["task"] for e in entries):
         of_task = [e for e in entries if e["task"] == task]
+        if task == "nbody":
+            lines += [
+                f"**nbody at {spec.budgets[task].steps:,} steps measures speed of learning**: a regression loss has "
+                "no convergence bar and the rows keep no loss curve that could show a plateau (training losses "
+                f"{min(min(e['losses']) for e in of_task):.3f} - {max(max(e['losses']) for e in of_task):.3f}), so "
+                f"its verdicts compare models after {spec.budgets[task].steps:,} steps.",
+                "",
+            ]
+            continue
         short = sum(e["seeds"] - e["converged"] for e in of_task)
         total = sum(e["seeds"] for e in of_task)
         complete = sum(e["converged"] == e["seeds"] for e in of_task)
