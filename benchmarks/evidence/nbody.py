@@ -74,7 +74,15 @@ TARGETS = ("delta", "cv_residual")
 #   rollout_onestep:  1/2 [log(rollout / CV) + log(one-step / CV)]        (nbody_geometry's; issue 37, item 3)
 # Rollout alone rewards a smooth under-fit (a model near zero output is constant velocity, which rolls out well);
 # the one-step term makes a pick also predict the next state.
-SELECT_ON = ("rollout", "rollout_onestep")
+SELECT_ON = {  # rule: the score in words (the evidence report's protocol text)
+    "rollout": "log(rollout position MSE / CV's)",
+    "rollout_onestep": "1/2 [log(rollout position MSE / CV's) + log(one-step position MSE / CV's)]",
+}
+
+
+def select_rule(params: dict[str, Any]) -> str:
+    """The protocol's selection rule (SELECT_ON): `params["select_on"]`, `rollout` for protocols before issue 37."""
+    return params.get("select_on", "rollout")
 
 
 NBODY_PROTOCOL = {
@@ -99,8 +107,8 @@ def check_protocol(params: dict[str, Any]) -> None:
         raise ValueError(f"nbody params lack {missing}; start from benchmarks.evidence.nbody.NBODY_PROTOCOL.")
     if params.get("target", "delta") not in TARGETS:
         raise ValueError(f"nbody params target={params['target']!r}: use one of {TARGETS}.")
-    if params.get("select_on", "rollout") not in SELECT_ON:
-        raise ValueError(f"nbody params select_on={params['select_on']!r}: use one of {SELECT_ON}.")
+    if select_rule(params) not in SELECT_ON:
+        raise ValueError(f"nbody params select_on={params['select_on']!r}: use one of {tuple(SELECT_ON)}.")
     if params["context"] + params["rollout"] > params["train_length"]:
         raise ValueError("nbody params: context + rollout must not exceed train_length (the trajectory length).")
 
@@ -245,7 +253,7 @@ def cv_errors(data: dict[str, np.ndarray], params: dict[str, Any], hidden: bool 
 
 def select_score(params: dict[str, Any], rollout: float, onestep: float, cv: dict[str, Any]) -> float:
     """The selection score of `params["select_on"]` (see SELECT_ON) from a model's errors and `cv_errors`."""
-    both = params.get("select_on", "rollout") == "rollout_onestep"
+    both = select_rule(params) == "rollout_onestep"
     return cv_log_ratio(
         rollout, onestep if both else None, cv["position_mse"], cv["onestep_position_mse"] if both else None
     )

@@ -22,6 +22,7 @@ import numpy as np
 
 from benchmarks.evidence import audit, plan
 from benchmarks.evidence.audit import markdown_table
+from benchmarks.evidence.nbody import SELECT_ON, select_rule
 from benchmarks.evidence.protocol import EVAL_SEED, SELECT_SEED, VAL_SEED
 from benchmarks.evidence.rows import CALIBRATION_TRIALS, read_rows
 from benchmarks.evidence.stats import (
@@ -595,11 +596,6 @@ def evidence_claims(
     ]
 
 
-NBODY_SELECTION = {  # nbody.SELECT_ON, in words
-    "rollout": "log(rollout position MSE / CV's)",
-    "rollout_onestep": "1/2 [log(rollout position MSE / CV's) + log(one-step position MSE / CV's)]",
-}
-
 UNDERFIT_RATIO = 2.0  # a pick's training loss over its cell's lowest (seed 0) above which the note names it
 
 
@@ -668,7 +664,7 @@ def underfit_note(done: dict, cells: Sequence[Any], spec: Any) -> str:
             )
     if not flagged:
         return ""
-    if spec.budgets["nbody"].params.get("select_on", "rollout") == "rollout":
+    if select_rule(spec.budgets["nbody"].params) == "rollout":
         lead, tail = (
             "Selection on validation rollout MSE rewards a smooth under-fit: these",
             ("; `nbody_geometry` selects on rollout and one-step error together."),
@@ -840,9 +836,7 @@ def write_evidence(
         f"recorded at {', '.join(f'{f:g}' for f in spec.checkpoints)} of the step budget (curves). Training FLOPs: "
         "torch.utils.flop_counter on one training step (forward + backward; matrix products and attention, "
         "elementwise ops not counted) times the steps. N-body: selection on "
-        + NBODY_SELECTION[
-            spec.budgets["nbody"].params.get("select_on", "rollout") if "nbody" in spec.budgets else "rollout"
-        ]
+        + SELECT_ON[select_rule(spec.budgets["nbody"].params) if "nbody" in spec.budgets else "rollout"]
         + " on the validation trajectories (CV: constant velocity; the test trajectories' when a protocol has no "
         "validation split, flagged in the selection table); learning (the lr-range table) is a validation rollout "
         "below constant velocity's. Model: "
